@@ -1,0 +1,1 @@
+"""Data: splits, datasets, collation and Lightning data modules."""

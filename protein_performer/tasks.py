@@ -1,0 +1,107 @@
+"""LightningModule for masked-LM and autoregressive training of :class:`PerformerLM`.
+
+A checkpoint of this module carries everything needed to use it later: the model
+config (hyperparameters), the tokenizer version, the feature-map projections (buffers)
+and the training set's amino-acid frequencies (the unigram baseline).
+"""
+from __future__ import annotations
+
+import math
+
+import pytorch_lightning as pl
+import torch
+from torchmetrics import SumMetric
+
+from .model import PerformerLM
+from .objectives import TokenStats, token_stats, unigram_baseline
+from .tokenizer import VERSION, Tokenizer
+
+
+class ProteinLM(pl.LightningModule):
+    def __init__(self, model: dict, objective: str = "mlm", lr: float = 1e-3, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.98), warmup_steps: int = 200, min_lr_ratio: float = 0.1,
+                 aa_frequencies: list[float] | None = None, tokenizer_version: int = VERSION):
+        super().__init__()
+        if objective not in ("mlm", "clm"):
+            raise ValueError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+        if tokenizer_version != VERSION:
+            raise ValueError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
+        self.save_hyperparameters()
+        self.tokenizer = Tokenizer()
+        self.model = PerformerLM(vocab_size=self.tokenizer.vocab_size, causal=objective == "clm", **dict(model))
+        self.val_sums = torch.nn.ModuleDict({k: SumMetric() for k in ("nll", "correct", "count",
+                                                                      "base_nll", "base_correct")})
+
+    @property
+    def aa_frequencies(self) -> torch.Tensor | None:
+        f = self.hparams.aa_frequencies
+        return None if f is None else torch.tensor(f, dtype=torch.float64)
+
+    def forward(self, inputs: torch.Tensor, padding_mask: torch.Tensor | None = None, **kw):
+        return self.model(inputs, padding_mask, **kw)
+
+    def _stats(self, batch) -> TokenStats:
+        logits = self(batch["inputs"], batch["padding_mask"])
+        return token_stats(logits, batch["labels"])
+
+    def training_step(self, batch, batch_idx):
+        s = self._stats(batch)
+        loss = s.nll / s.count.clamp(min=1)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/perplexity", torch.exp(loss.detach()))
+        self.log("train/accuracy", s.correct / s.count.clamp(min=1))
+        self.log("train/tokens", s.count.float(), reduce_fx="sum")
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        s = self._stats(batch)
+        self.val_sums["nll"].update(s.nll)
+        self.val_sums["correct"].update(s.correct)
+        self.val_sums["count"].update(s.count)
+        if self.aa_frequencies is not None:
+            b = unigram_baseline(self.aa_frequencies.to(s.nll.device).float(), batch["labels"])
+            self.val_sums["base_nll"].update(b.nll)
+            self.val_sums["base_correct"].update(b.correct)
+
+    def on_validation_epoch_end(self):
+        sums = {k: m.compute() for k, m in self.val_sums.items()}
+        for m in self.val_sums.values():
+            m.reset()
+        count = sums["count"].clamp(min=1)
+        loss = sums["nll"] / count
+        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
+        self.log("val/perplexity", torch.exp(loss), prog_bar=True)
+        self.log("val/accuracy", sums["correct"] / count, prog_bar=True)
+        if self.aa_frequencies is not None:
+            self.log("val/baseline_perplexity", torch.exp(sums["base_nll"] / count))
+            self.log("val/baseline_accuracy", sums["base_correct"] / count)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            (no_decay if p.ndim < 2 or "norm" in name or "embed" in name else decay).append(p)
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=tuple(hp.betas))
+        total = max(int(self.trainer.estimated_stepping_batches), 1) if self.trainer else 10**9
+
+        def schedule(step: int) -> float:  # linear warm-up, cosine decay to min_lr_ratio
+            if step < hp.warmup_steps:
+                return (step + 1) / hp.warmup_steps
+            t = min((step - hp.warmup_steps) / max(total - hp.warmup_steps, 1), 1.0)
+            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
+    """Load a trained ProteinLM in eval mode, with a one-line error for a missing or bad file."""
+    import os
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path}: no such file")
+    try:
+        module = ProteinLM.load_from_checkpoint(path, map_location=map_location)
+    except (KeyError, RuntimeError, EOFError, ValueError) as e:
+        raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {e})") from e
+    return module.eval()
