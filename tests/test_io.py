@@ -1,0 +1,90 @@
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+from Bio import SeqIO
+
+from protein_performer.io import ParseError, detect_format, read_fasta, read_records, read_uniprot
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("name", ["biopython_SwissProt_multi_ex.fasta", "pyswrd_uniprot_sprot15.fasta"])
+def test_fasta_matches_biopython(name):
+    ours = list(read_fasta(FIX / name))
+    ref = list(SeqIO.parse(FIX / name, "fasta"))
+    assert len(ours) == len(ref) > 0
+    for a, b in zip(ours, ref):
+        assert (a.id, a.description, a.sequence) == (b.id, b.description, str(b.seq))
+
+
+@pytest.mark.parametrize("name", ["biopython_SwissProt_multi_ex.txt", "emboss_trembl_9records_2012.dat",
+                                  "emboss_swissprot_100records_2012.dat", "biopython_SwissProt_P0CK95.txt"])
+def test_uniprot_matches_biopython_swiss(name):
+    ours = list(read_uniprot(FIX / name))
+    ref = list(SeqIO.parse(FIX / name, "swiss"))
+    assert len(ours) == len(ref) > 0
+    for a, b in zip(ours, ref):
+        assert a.id == b.id and a.sequence == str(b.seq)
+        assert a.description == b.description
+
+
+def test_flat_file_and_fasta_of_same_proteins_agree():
+    dat = list(read_records(FIX / "biopython_SwissProt_multi_ex.txt"))
+    fa = list(read_records(FIX / "biopython_SwissProt_multi_ex.fasta"))
+    assert len(dat) == len(fa) == 8
+    assert [r.id for r in dat] == [r.accession for r in fa]
+    assert [r.sequence for r in dat] == [r.sequence for r in fa]
+
+
+def test_gzip_transparent_and_format_detection(tmp_path):
+    src = FIX / "emboss_trembl_9records_2012.dat"
+    gz = tmp_path / "trembl.dat.gz"
+    with open(src, "rb") as f, gzip.open(gz, "wb") as g:
+        shutil.copyfileobj(f, g)
+    assert detect_format(gz) == "uniprot"
+    assert [r.sequence for r in read_records(gz)] == [r.sequence for r in read_records(src)]
+    noext = tmp_path / "proteins"
+    shutil.copy(FIX / "pyswrd_uniprot_sprot15.fasta", noext)
+    assert detect_format(noext) == "fasta"
+
+
+def test_truncated_gzip_is_a_clear_error(tmp_path):
+    data = (FIX / "emboss_swissprot_100records_2012.dat").read_bytes()
+    gz = tmp_path / "cut.dat.gz"
+    gz.write_bytes(gzip.compress(data)[: 40_000])
+    with pytest.raises(ParseError, match=r"cut\.dat\.gz:\d+: truncated or corrupt gzip"):
+        list(read_uniprot(gz))
+
+
+def test_malformed_fasta_errors_name_file_record_and_line(tmp_path):
+    bad = tmp_path / "bad.fasta"
+    bad.write_text("MKTAYIAKQR\n>p1\nMKT\n")
+    with pytest.raises(ParseError, match=r"bad\.fasta:1: expected a '>' header"):
+        list(read_fasta(bad))
+    empty = tmp_path / "empty.fasta"
+    empty.write_text(">p1 first\nMKT\n>p2 nothing here\n>p3\nAAA\n")
+    with pytest.raises(ParseError, match=r"empty\.fasta:3: record 'p2' has no sequence"):
+        list(read_fasta(empty))
+    stats = {}
+    assert [r.id for r in read_fasta(empty, skip_empty=True, stats=stats)] == ["p1", "p3"]
+    assert stats == {"empty": 1}
+    assert [r.line for r in read_fasta(empty, skip_empty=True)] == [1, 4]
+
+
+def test_malformed_flat_file_errors(tmp_path):
+    text = (FIX / "emboss_trembl_9records_2012.dat").read_text()
+    cut = tmp_path / "cut.dat"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.raises(ParseError, match=r"cut\.dat: record '\w+' \(line \d+\) is truncated"):
+        list(read_uniprot(cut))
+    junk = tmp_path / "junk.dat"
+    junk.write_text("hello\n" + text)
+    with pytest.raises(ParseError, match=r"junk\.dat:1: expected an 'ID' line"):
+        list(read_uniprot(junk))
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="nope.fasta"):
+        list(read_records("nope.fasta"))
