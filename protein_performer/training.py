@@ -35,8 +35,9 @@ def build_logger(cfg: DictConfig):
     return hydra.utils.instantiate(cfg.logger)
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """Train per ``cfg``; checkpoints in ``run_dir/checkpoints``. Returns final metrics."""
+def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
+    """Train per ``cfg``; checkpoints in ``run_dir/checkpoints``. Returns the final
+    validation metrics and the trained module."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -75,4 +76,4 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict:
     if logger and hasattr(logger, "experiment") and "Wandb" in type(logger).__name__:
         import wandb
         wandb.finish()
-    return summary
+    return summary, task
