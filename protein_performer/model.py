@@ -32,10 +32,11 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ff(norm(x))."""
 
-    def __init__(self, dim: int, heads: int, ff_mult: int, dropout: float, causal: bool, attention: dict):
+    def __init__(self, dim: int, heads: int, ff_mult: int, dropout: float, causal: bool, attention: dict,
+                 seed: int = 0):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, causal=causal, dropout=dropout, **attention)
+        self.attn = Attention(dim, heads, causal=causal, dropout=dropout, seed=seed, **attention)
         self.norm2 = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult * dim, dropout)
         self.drop = nn.Dropout(dropout)
@@ -70,7 +71,9 @@ class PerformerLM(nn.Module):
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos_embed = nn.Embedding(max_len, dim) if position == "learned" else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(dim, heads, ff_mult, dropout, causal, attention) for _ in range(depth))
+        # each layer draws its own random-feature projections (seed = layer index)
+        self.blocks = nn.ModuleList(Block(dim, heads, ff_mult, dropout, causal, attention, seed=i)
+                                    for i in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head_bias = nn.Parameter(torch.zeros(vocab_size))
         nn.init.normal_(self.embed.weight, std=0.02)
