@@ -1,0 +1,335 @@
+r"""Feature maps phi: R^d -> R^r for linear attention, one interface for every kernel.
+
+``fm(x, is_query)`` takes raw (rotated) queries or keys of shape (B, H, L, d) and returns
+features (B, H, L, r) in float32 (float64 stays float64), ready for
+:func:`protein_performer.attention.linear_attention`. Every map is computed with autocast
+off: the exponentials and the states they feed must not be formed in bf16/fp16.
+
+Kernels
+-------
+``FavorPlus`` (kernel "softmax")
+    Positive random features of Choromanski et al. 2021 (Performer, FAVOR+):
+    phi(x) = exp(w_i . x - |x|^2 / 2) / sqrt(m), x = q * d^(-1/4), so that
+    E[phi(q).phi(k)] = exp(q.k / sqrt(d)).  Rows w_i are orthogonal random features
+    (blocks of QR-orthogonalized Gaussian rows rescaled to chi_d norms) or iid Gaussian.
+``FavorPlusPlus`` (kernel "favor++")
+    Optimal positive random features (OPRF) of Likhosherstov et al. 2022, "Chefs' Random
+    Tables": phi(x) = D exp(A |w|^2 + B w.x - |x|^2/2), B = sqrt(1 - 4A), D = (1-4A)^(d/4),
+    with A = (1 - 2 rho - sqrt((2 rho + 1)^2 + 8 rho)) / 16 <= 0 minimizing the estimator's
+    variance for rho = mean_{i,j} |x_i + y_j|^2 / d.  A <= 0 makes the features bounded.
+    ``rho`` is a per-head buffer (an exponential moving average of the training batches'
+    statistics, frozen in eval), so A never depends on the positions of the current
+    sequence: the causal path stays causal and ``step`` matches ``forward``.
+    rho = 0 gives A = 0, i.e. exactly FAVOR+.
+``TrigFeatures`` (kernel "trig")
+    phi(x) = exp(|x|^2/2) [sin(w.x), cos(w.x)] / sqrt(m) (r = 2m), the original random
+    Fourier estimator of the softmax kernel.  Not positive: its normalizer can be near 0 or
+    negative, which is why the Performer paper found it unstable; here it is guarded only
+    against division by zero.
+``ReluFeatures`` (kernel "relu")
+    Generalized attention with f = ReLU: phi(x) = relu(W x) + 1e-3 (W orthogonal random
+    features), or relu(x) + 1e-3 without a projection (r = d).  The 1e-3 is added to
+    O(1)-scale features (no max-scaling happens before it), as in the Performer code.
+``EluFeatures`` (kernel "elu")
+    elu(x) + 1 of Katharopoulos et al. 2020 ("Transformers are RNNs"); r = d, no randomness.
+
+Stabilizer (why it is causal, and why there is no epsilon)
+----------------------------------------------------------
+Exponential features overflow/underflow in float32, so both sides are shifted by a
+constant *before* the exponential, never by an epsilon after it:
+
+* queries: subtract the row maximum max_i (w_i.x - |x|^2/2) of that query's own exponent
+  vector.  A per-query constant multiplies that query's numerator and normalizer alike and
+  cancels exactly; it only uses the query's own position.
+* keys: subtract a *data-independent bound*.  For every x, w.x - |x|^2/2 <= |w|^2/2
+  (complete the square), so c = max_i |w_i|^2 / 2 bounds every key exponent (for FAVOR++:
+  A|w|^2 + B w.x - |x|^2/2 <= (1/2 - A)|w|^2).  One constant for all positions and all
+  sequences: it cancels exactly between numerator and normalizer, it is trivially causal
+  (it does not look at any key), identical in the parallel, chunked and recurrent paths,
+  and key features are always <= 1, so states cannot overflow at any length
+  (L = 65,536 sums at most 65,536 per entry).  The price is headroom: a typical key sits
+  about c + (|x| - a)^2 / 2 below the bound (a ~ max_i w_i.x/|x|), about 40-50 nats for
+  d = 64, r = 256 and realistic activations, far from float32's ~87-nat normal range;
+  only keys with |x| >~ 13 (logits of several hundred) could underflow.
+
+  performer-pytorch instead subtracts the maximum over *all* key positions (not causal:
+  a later token changes earlier outputs) and then adds an epsilon of 1e-4 to every
+  feature.  After max-scaling most keys' features are far below 1e-4, so the epsilon
+  dominates them, every key looks alike and attention collapses toward a uniform average.
+  We add nothing to the features; the normalizer is clamped at the smallest normal float
+  (``normalizer_eps``), which only matters if every feature of every visible key underflowed.
+
+  Online running-max rescaling of (S, Z) across chunks was the alternative considered: it
+  keeps more headroom, but turns the linear product into a data-dependent decay
+  (exp(m_j - m_i) between positions) that the plain ``linear_attention(q', k', v)``
+  interface cannot express; the bound keeps features and attention separable.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def gaussian_random_matrix(nb_rows: int, nb_cols: int, generator: torch.Generator | None = None,
+                           orthogonal: bool = True) -> torch.Tensor:
+    """(nb_rows, nb_cols) projection with N(0, I) rows, drawn on CPU in float64.
+
+    orthogonal=True: stacked blocks of nb_cols mutually orthogonal rows (QR of a Gaussian
+    matrix, Haar-distributed via the sign fix), each row rescaled to the norm of an
+    independent Gaussian vector (chi distribution), so every row is still marginally N(0, I).
+    """
+    if not orthogonal:
+        return torch.randn(nb_rows, nb_cols, generator=generator, dtype=torch.float64)
+    blocks = []
+    for _ in range(math.ceil(nb_rows / nb_cols)):
+        g = torch.randn(nb_cols, nb_cols, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(g)
+        q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+        blocks.append(q.T)
+    w = torch.cat(blocks, dim=0)[:nb_rows]
+    norms = torch.randn(nb_rows, nb_cols, generator=generator, dtype=torch.float64).norm(dim=1)
+    return w * norms[:, None]
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class FeatureMap(nn.Module):
+    """Base class. Subclasses define ``num_features`` and ``forward(x, is_query)``."""
+
+    #: clamp for the normalizer q'.Z; None -> smallest normal float of the compute dtype
+    normalizer_eps: float | None = None
+    #: True if the map owns a random projection (``redraw`` does something)
+    random: bool = False
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = head_dim
+
+    @property
+    def num_features(self) -> int:
+        raise NotImplementedError
+
+    def redraw(self, generator: torch.Generator) -> None:
+        """Draw a new projection from ``generator`` (CPU); no-op for deterministic maps."""
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Projected(FeatureMap):
+    random = True
+
+    def __init__(self, head_dim: int, nb_rows: int, orthogonal: bool = True,
+                 generator: torch.Generator | None = None):
+        super().__init__(head_dim)
+        self.nb_rows, self.orthogonal = nb_rows, orthogonal
+        self.register_buffer("projection", torch.zeros(nb_rows, head_dim))
+        self.redraw(generator if generator is not None else torch.Generator().manual_seed(0))
+
+    @torch.no_grad()
+    def redraw(self, generator: torch.Generator) -> None:
+        w = gaussian_random_matrix(self.nb_rows, self.head_dim, generator, self.orthogonal)
+        self.projection.copy_(w.to(self.projection.dtype))
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.projection.to(x.dtype).T
+
+
+class FavorPlus(_Projected):
+    """FAVOR+ positive orthogonal random features for the softmax kernel."""
+
+    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+                 generator: torch.Generator | None = None):
+        super().__init__(head_dim, nb_features, orthogonal, generator)
+
+    @property
+    def num_features(self) -> int:
+        return self.nb_rows
+
+    def _exponent(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.head_dim ** -0.25
+        return self._project(x) - 0.5 * (x * x).sum(-1, keepdim=True)
+
+    def _key_bound(self, dtype) -> torch.Tensor:
+        w = self.projection.to(dtype)
+        return 0.5 * (w * w).sum(-1).max()
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_compute_dtype(x))
+            u = self._exponent(x)
+            if not stabilize:
+                return torch.exp(u) / math.sqrt(self.num_features)
+            if is_query:
+                u = u - u.amax(-1, keepdim=True).detach()
+            else:
+                u = u - self._key_bound(u.dtype)
+            return torch.exp(u)
+
+
+def oprf_A(rho: torch.Tensor) -> torch.Tensor:
+    """Variance-optimal A of the OPRF (Likhosherstov et al. 2022, Thm. 3.2) for rho = E|x+y|^2/d."""
+    rho = rho.clamp_min(0)
+    return (1 - 2 * rho - torch.sqrt((2 * rho + 1) ** 2 + 8 * rho)) / 16
+
+
+def oprf_rho(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-head rho = mean_{i,j} |x_i + y_j|^2 / d over the valid tokens of all sequences.
+
+    x, y: data-scaled queries/keys (B, H, L, d); mask: (B, L) True = padding.  Returns (H,).
+    mean_{ij} |x_i + y_j|^2 = mean|x|^2 + mean|y|^2 + 2 mean(x).mean(y)."""
+    d = x.shape[-1]
+    if mask is None:
+        w = x.new_ones(x.shape[0], 1, x.shape[2], 1)
+    else:
+        w = (~mask.bool()).to(x.dtype)[:, None, :, None]
+    n = w.sum(dim=(0, 2)).clamp_min(1)  # (1, 1) broadcast over H
+    mx, my = (x * w).sum(dim=(0, 2)) / n, (y * w).sum(dim=(0, 2)) / n  # (H, d)
+    sx = ((x * x) * w).sum(dim=(0, 2, 3)) / n[:, 0]
+    sy = ((y * y) * w).sum(dim=(0, 2, 3)) / n[:, 0]
+    return (sx + sy + 2 * (mx * my).sum(-1)) / d
+
+
+class FavorPlusPlus(FavorPlus):
+    """FAVOR++: optimal positive random features (OPRF), bounded and lower-variance than FAVOR+."""
+
+    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+                 generator: torch.Generator | None = None, heads: int = 1, momentum: float = 0.05):
+        super().__init__(head_dim, nb_features, orthogonal, generator)
+        self.momentum = momentum
+        self.register_buffer("rho", torch.zeros(heads))
+        self.register_buffer("rho_updates", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update_rho(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """EMA update of rho from raw queries/keys (B, H, L, d); the first update sets it."""
+        s = self.head_dim ** -0.25
+        new = oprf_rho(q.float() * s, k.float() * s, mask).to(self.rho.dtype)
+        m = max(self.momentum, 1.0 / float(self.rho_updates.item() + 1))
+        self.rho.mul_(1 - m).add_(m * new.expand_as(self.rho))
+        self.rho_updates.add_(1)
+
+    @torch.no_grad()
+    def set_rho(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Set rho from this data (raw queries/keys (B, H, L, d)) exactly."""
+        s = self.head_dim ** -0.25
+        self.rho.copy_(oprf_rho(q.float() * s, k.float() * s, mask).to(self.rho.dtype).expand_as(self.rho))
+
+    def _A(self, x: torch.Tensor) -> torch.Tensor:
+        A = oprf_A(self.rho.to(x.dtype))
+        return A.view(-1, 1, 1) if A.numel() > 1 else A.reshape(())  # broadcast over (B, H, L, r)
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_compute_dtype(x))
+            A = self._A(x)
+            B = torch.sqrt(1 - 4 * A)
+            w = self.projection.to(x.dtype)
+            wsq = (w * w).sum(-1)  # (m,)
+            xs = x * self.head_dim ** -0.25
+            u = B * self._project(xs) + A * wsq - 0.5 * (xs * xs).sum(-1, keepdim=True)
+            if not stabilize:
+                logD = 0.25 * self.head_dim * torch.log(1 - 4 * A)
+                return torch.exp(u + logD) / math.sqrt(self.num_features)
+            if is_query:
+                u = u - u.amax(-1, keepdim=True).detach()
+            else:
+                u = u - ((0.5 - A) * wsq).amax(-1, keepdim=True)  # bound on every key exponent
+            return torch.exp(u)
+
+
+class TrigFeatures(_Projected):
+    """Random Fourier (sin/cos) features of the softmax kernel; r = nb_features (m = r/2 rows)."""
+
+    normalizer_eps = 1e-12
+    #: cap on |x|^2/2 in the keys' exp(|x|^2/2) factor (only reached at logits in the hundreds)
+    max_log_scale = 40.0
+
+    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+                 generator: torch.Generator | None = None):
+        if nb_features % 2:
+            raise ValueError(f"trig features need an even nb_features, got {nb_features}")
+        super().__init__(head_dim, nb_features // 2, orthogonal, generator)
+
+    @property
+    def num_features(self) -> int:
+        return 2 * self.nb_rows
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_compute_dtype(x)) * self.head_dim ** -0.25
+            p = self._project(x)
+            f = torch.cat([torch.sin(p), torch.cos(p)], dim=-1)
+            log_scale = 0.5 * (x * x).sum(-1, keepdim=True)
+            if not stabilize:
+                return f * torch.exp(log_scale) / math.sqrt(self.nb_rows)
+            if is_query:  # a per-query factor cancels exactly
+                return f
+            return f * torch.exp(log_scale.clamp_max(self.max_log_scale))
+
+
+class ReluFeatures(_Projected):
+    """Generalized ReLU kernel: relu(W x) + eps (with a random projection) or relu(x) + eps."""
+
+    eps = 1e-3
+
+    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+                 generator: torch.Generator | None = None, projection: bool = True):
+        self.use_projection = projection
+        super().__init__(head_dim, nb_features if projection else 0, orthogonal, generator)
+        self.random = projection
+
+    @torch.no_grad()
+    def redraw(self, generator: torch.Generator) -> None:
+        if self.use_projection:
+            super().redraw(generator)
+
+    @property
+    def num_features(self) -> int:
+        return self.nb_rows if self.use_projection else self.head_dim
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_compute_dtype(x)) * self.head_dim ** -0.25
+            if self.use_projection:
+                x = self._project(x)
+            return F.relu(x) + self.eps
+
+
+class EluFeatures(FeatureMap):
+    """elu(x) + 1 (linear transformer); r = head_dim."""
+
+    @property
+    def num_features(self) -> int:
+        return self.head_dim
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return F.elu(x.to(_compute_dtype(x))) + 1
+
+
+KERNELS = ("softmax", "favor++", "relu", "trig", "elu", "exact")
+
+
+def build_feature_map(kernel: str, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+                      generator: torch.Generator | None = None, heads: int = 1,
+                      relu_projection: bool = True) -> FeatureMap | None:
+    """Feature map for a kernel name; None for "exact" (softmax attention through SDPA)."""
+    if kernel == "softmax":
+        return FavorPlus(head_dim, nb_features, orthogonal, generator)
+    if kernel == "favor++":
+        return FavorPlusPlus(head_dim, nb_features, orthogonal, generator, heads=heads)
+    if kernel == "trig":
+        return TrigFeatures(head_dim, nb_features, orthogonal, generator)
+    if kernel == "relu":
+        return ReluFeatures(head_dim, nb_features, orthogonal, generator, projection=relu_projection)
+    if kernel == "elu":
+        return EluFeatures(head_dim)
+    if kernel == "exact":
+        return None
+    raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")

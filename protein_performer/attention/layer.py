@@ -1,0 +1,176 @@
+"""The attention module the model uses: projections, rotary, feature map, redraw, decoding.
+
+``Attention(dim, heads, kernel=...)`` maps (B, L, dim) -> (B, L, dim).  The kernel is a
+config choice ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu", "exact"); everything
+else (projections, rotary embedding, recurrent decoding) is shared.
+
+Redraw schedule
+---------------
+The random projection is a registered buffer (saved in checkpoints, so a reloaded model
+gives identical outputs).  In training mode, every ``redraw_interval`` forward calls
+(0/None = never) a new projection is drawn; never in eval mode.  Draw number n comes from
+a CPU ``torch.Generator`` seeded with a hash of (seed, n), so every DDP rank draws the
+same matrix without communication.  The counters (forward calls, redraws) are kept as the
+module's extra state (``get_extra_state``), saved in checkpoints without device syncs.
+Give each layer its own ``seed`` (e.g. the layer index) for independent projections.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from .feature_maps import KERNELS, FavorPlusPlus, build_feature_map
+from .linear import DEFAULT_CHUNK_SIZE, init_linear_state, linear_attention, linear_attention_step
+from .rotary import RotaryEmbedding
+from .softmax import softmax_attention_sdpa
+
+
+def projection_seed(seed: int, draw: int) -> int:
+    """Deterministic 63-bit seed for draw number ``draw`` (same on every process and rank)."""
+    h = hashlib.sha256(f"protein-performer:{int(seed)}:{int(draw)}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a configurable (linear or exact) kernel.
+
+    Args:
+        dim: model width.  heads: number of heads (head_dim = dim // heads unless given).
+        kernel: "softmax" (FAVOR+ positive random features), "favor++" (OPRF), "relu",
+            "trig", "elu" (elu+1, r = head_dim) or "exact" (SDPA).
+        nb_features: random features r for softmax/favor++/relu/trig.
+        chunk_size: chunk length of the causal linear path.
+        redraw_interval: redraw the projection every this many training forward calls
+            (0/None: never).
+        causal: autoregressive masking.  dropout: attention-probability dropout for "exact",
+            dropout on the per-head outputs for linear kernels.
+        rotary: rotary position embedding on q, k (before the feature map).
+        orthogonal: orthogonal (vs iid) random features.  seed: seeds the projection draws.
+        relu_projection: the "relu" kernel with (True) or without a random projection.
+    """
+
+    def __init__(self, dim: int, heads: int, kernel: str = "softmax", nb_features: int = 256,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, redraw_interval: int | None = 1000,
+                 causal: bool = False, dropout: float = 0.0, rotary: bool = True, orthogonal: bool = True,
+                 seed: int = 0, head_dim: int | None = None, bias: bool = False,
+                 relu_projection: bool = True, rotary_base: float = 10000.0):
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+        if head_dim is None:
+            if dim % heads:
+                raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+            head_dim = dim // heads
+        self.dim, self.heads, self.head_dim, self.kernel = dim, heads, head_dim, kernel
+        self.causal, self.chunk_size, self.seed = causal, chunk_size, seed
+        self.redraw_interval = redraw_interval or 0
+        inner = heads * head_dim
+        self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
+        self.to_out = nn.Linear(inner, dim)
+        self.dropout = dropout
+        self.drop = nn.Dropout(dropout)
+        self.rotary = RotaryEmbedding(head_dim, rotary_base) if rotary else None
+        self.feature_map = build_feature_map(kernel, head_dim, nb_features, orthogonal,
+                                             torch.Generator().manual_seed(projection_seed(seed, 0)),
+                                             heads=heads, relu_projection=relu_projection)
+        self.forward_calls = 0
+        self.redraws = 0
+
+    # -- checkpointed counters -----------------------------------------------------------
+    def get_extra_state(self) -> dict:
+        return {"forward_calls": self.forward_calls, "redraws": self.redraws}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.forward_calls = int(state.get("forward_calls", 0))
+        self.redraws = int(state.get("redraws", 0))
+
+    @property
+    def num_features(self) -> int | None:
+        return None if self.feature_map is None else self.feature_map.num_features
+
+    @torch.no_grad()
+    def redraw_projection(self) -> None:
+        """Draw the next projection (draw number redraws + 1) deterministically from the seed."""
+        if self.feature_map is None or not self.feature_map.random:
+            return
+        self.redraws += 1
+        self.feature_map.redraw(torch.Generator().manual_seed(projection_seed(self.seed, self.redraws)))
+
+    def _maybe_redraw(self) -> None:
+        if not self.training:
+            return
+        if self.redraw_interval and self.forward_calls > 0 and self.forward_calls % self.redraw_interval == 0:
+            self.redraw_projection()
+        self.forward_calls += 1
+
+    # -- parallel forward ------------------------------------------------------------------
+    def _qkv(self, x: torch.Tensor, offset: int = 0):
+        B, L, _ = x.shape
+        qkv = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]                       # (B, H, L, dh)
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        return q, k, v
+
+    def _merge(self, out: torch.Tensor) -> torch.Tensor:
+        B, H, L, dh = out.shape
+        return self.to_out(out.transpose(1, 2).reshape(B, L, H * dh))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, dim), key_padding_mask (B, L) bool True = padding -> (B, L, dim)."""
+        self._maybe_redraw()
+        q, k, v = self._qkv(x)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.bool()
+            if not key_padding_mask.any():
+                key_padding_mask = None
+        if self.feature_map is None:
+            out = softmax_attention_sdpa(q, k, v, self.causal, key_padding_mask,
+                                         self.dropout if self.training else 0.0)
+        else:
+            fm = self.feature_map
+            qf, kf = fm(q, is_query=True), fm(k, is_query=False)
+            out = linear_attention(qf, kf, v, causal=self.causal, key_padding_mask=key_padding_mask,
+                                   chunk_size=self.chunk_size, eps=fm.normalizer_eps)
+            out = self.drop(out)
+            if self.training and isinstance(fm, FavorPlusPlus):
+                fm.update_rho(q.detach(), k.detach(), key_padding_mask)  # used from the next call on
+        return self._merge(out)
+
+    # -- recurrent decoding ------------------------------------------------------------------
+    def init_state(self, batch_size: int, device=None) -> dict:
+        """Empty decoding state: position 0 and per-head (S, Z) in fp32 (or a KV cache for exact)."""
+        device = device if device is not None else self.to_qkv.weight.device
+        if self.feature_map is None:
+            dtype = self.to_qkv.weight.dtype
+            empty = torch.zeros(batch_size, self.heads, 0, self.head_dim, device=device, dtype=dtype)
+            return {"pos": 0, "k": empty, "v": empty.clone()}
+        dtype = torch.promote_types(self.to_qkv.weight.dtype, torch.float32)
+        S, Z = init_linear_state(batch_size, self.heads, self.feature_map.num_features, self.head_dim,
+                                 device=device, dtype=dtype)
+        return {"pos": 0, "S": S, "Z": Z}
+
+    def step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """One causal decoding step: x_t (B, dim) -> (out (B, dim), new state).
+
+        Matches ``forward`` of a causal module at position ``state["pos"]``; for linear
+        kernels the cost and the state size do not grow with the position."""
+        pos = int(state["pos"])
+        q, k, v = self._qkv(x_t.unsqueeze(1), offset=pos)        # (B, H, 1, dh)
+        if self.feature_map is None:
+            K = torch.cat([state["k"], k], dim=2)
+            V = torch.cat([state["v"], v], dim=2)
+            out = softmax_attention_sdpa(q, K, V, causal=False)
+            return self._merge(out).squeeze(1), {"pos": pos + 1, "k": K, "v": V}
+        fm = self.feature_map
+        qf, kf = fm(q, is_query=True)[:, :, 0], fm(k, is_query=False)[:, :, 0]
+        out, (S, Z) = linear_attention_step(qf, kf, v[:, :, 0], (state["S"], state["Z"]), eps=fm.normalizer_eps)
+        return self._merge(out.unsqueeze(2)).squeeze(1), {"pos": pos + 1, "S": S, "Z": Z}
+
+    def extra_repr(self) -> str:
+        return (f"kernel={self.kernel!r}, heads={self.heads}, head_dim={self.head_dim}, "
+                f"nb_features={self.num_features}, causal={self.causal}, chunk_size={self.chunk_size}, "
+                f"redraw_interval={self.redraw_interval}, seed={self.seed}")

@@ -1,0 +1,219 @@
+"""Attention core against independent references (naive quadratic attention, exact softmax,
+loop-based recurrences, hand-computed values)."""
+import math
+
+import pytest
+import torch
+
+from protein_performer.attention import (KERNELS, Attention, CausalLinearProduct, FavorPlus, FavorPlusPlus,
+                                         build_feature_map, linear_attention, linear_attention_step,
+                                         init_linear_state, softmax_attention_sdpa)
+from protein_performer.attention import linear as lin
+from protein_performer.attention.naive import (naive_linear_attention, naive_recurrent_linear_attention,
+                                               softmax_attention)
+
+LINEAR_KERNELS = [k for k in KERNELS if k != "exact"]
+
+
+def _positive(*shape, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(*shape, generator=g, dtype=dtype) + 0.05
+
+
+def _normal(*shape, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- functional
+def test_hand_computed_values():
+    # L = 2, r = 1, d = 1: q' = [1, 2], k' = [1, 3], v = [10, 20]
+    q = torch.tensor([1.0, 2.0]).view(1, 1, 2, 1)
+    k = torch.tensor([1.0, 3.0]).view(1, 1, 2, 1)
+    v = torch.tensor([10.0, 20.0]).view(1, 1, 2, 1)
+    # bidirectional: every query sees (1*10 + 3*20) / (1 + 3) = 17.5
+    assert torch.allclose(linear_attention(q, k, v).flatten(), torch.tensor([17.5, 17.5]))
+    # causal: query 0 sees only key 0 -> 10; query 1 sees both -> 17.5
+    assert torch.allclose(linear_attention(q, k, v, causal=True).flatten(), torch.tensor([10.0, 17.5]))
+    # padding key 1 removes it from numerator and normalizer: everyone gets 10
+    mask = torch.tensor([[False, True]])
+    assert torch.allclose(linear_attention(q, k, v, key_padding_mask=mask).flatten(), torch.tensor([10.0, 10.0]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,chunk", [(1, 4), (16, 4), (19, 4), (19, 32), (37, 7)])
+def test_linear_attention_matches_naive(causal, L, chunk):
+    q, k, v = _positive(2, 3, L, 8, seed=1), _positive(2, 3, L, 8, seed=2), _normal(2, 3, L, 5, seed=3)
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[1, L // 2 + 1:] = True
+    for m in (None, mask):
+        out = linear_attention(q, k, v, causal=causal, key_padding_mask=m, chunk_size=chunk)
+        ref = naive_linear_attention(q, k, v, causal=causal, key_padding_mask=m)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_causal_matches_loop_recurrence():
+    q, k, v = _positive(1, 2, 23, 6, seed=4), _positive(1, 2, 23, 6, seed=5), _normal(1, 2, 23, 3, seed=6)
+    torch.testing.assert_close(linear_attention(q, k, v, causal=True, chunk_size=5),
+                               naive_recurrent_linear_attention(q, k, v), rtol=1e-10, atol=1e-12)
+
+
+def test_multiple_groups_of_chunks(monkeypatch):
+    monkeypatch.setattr(lin, "GROUP_POSITIONS", 8)  # groups of 2 chunks of 4 -> many groups
+    q, k, v = _positive(2, 2, 45, 6, seed=7), _positive(2, 2, 45, 6, seed=8), _normal(2, 2, 45, 4, seed=9)
+    torch.testing.assert_close(linear_attention(q, k, v, causal=True, chunk_size=4),
+                               naive_linear_attention(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("L,chunk,group", [(1, 4, 4096), (12, 4, 4096), (13, 4, 4096), (13, 5, 4096),
+                                           (6, 16, 4096), (23, 3, 6)])
+def test_causal_product_gradcheck(monkeypatch, L, chunk, group):
+    monkeypatch.setattr(lin, "GROUP_POSITIONS", group)
+    q = _positive(2, L, 3, seed=10).requires_grad_()
+    k = _positive(2, L, 3, seed=11).requires_grad_()
+    v = _normal(2, L, 2, seed=12).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, c: CausalLinearProduct.apply(a, b, c, chunk), (q, k, v),
+                                    fast_mode=L > 13)
+
+
+@pytest.mark.parametrize("L,chunk", [(1, 4), (10, 4), (12, 3)])
+def test_causal_gradients_match_naive(L, chunk):
+    """Every input gradient of the full normalized causal attention, with padding, equals the
+    gradient of the naive quadratic reference (float64), and passes gradcheck."""
+    q0, k0, v0 = _positive(2, 2, L, 4, seed=13), _positive(2, 2, L, 4, seed=14), _normal(2, 2, L, 3, seed=15)
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[0, -1] = L > 1
+    w = _normal(2, 2, L, 3, seed=16)
+    grads = []
+    for fn in (lambda a, b, c: linear_attention(a, b, c, causal=True, key_padding_mask=mask, chunk_size=chunk),
+               lambda a, b, c: naive_linear_attention(a, b, c, causal=True, key_padding_mask=mask)):
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        (fn(q, k, v) * w).sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: linear_attention(a, b, c, causal=True, key_padding_mask=mask, chunk_size=chunk), (q, k, v), fast_mode=True)
+
+
+def test_recurrent_step_matches_parallel():
+    q, k, v = _positive(2, 3, 17, 6, seed=17), _positive(2, 3, 17, 6, seed=18), _normal(2, 3, 17, 4, seed=19)
+    ref = linear_attention(q, k, v, causal=True, chunk_size=4)
+    state = init_linear_state(2, 3, 6, 4, dtype=torch.float64)
+    for t in range(17):
+        out, state = linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        torch.testing.assert_close(out, ref[:, :, t], rtol=1e-10, atol=1e-12)
+
+
+def test_fp32_state_under_bf16_inputs():
+    q, k = _positive(1, 2, 64, 8, seed=20), _positive(1, 2, 64, 8, seed=21)
+    v = _normal(1, 2, 64, 4, seed=22)
+    out = linear_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True, chunk_size=16)
+    assert out.dtype == torch.bfloat16
+    ref = naive_linear_attention(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), causal=True)
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_sdpa_matches_handwritten_softmax():
+    q, k, v = _normal(2, 2, 11, 8, seed=23), _normal(2, 2, 11, 8, seed=24), _normal(2, 2, 11, 8, seed=25)
+    mask = torch.zeros(2, 11, dtype=torch.bool)
+    mask[1, 7:] = True
+    for causal in (False, True):
+        out = softmax_attention_sdpa(q, k, v, causal=causal, key_padding_mask=mask)
+        ref = softmax_attention(q, k, v, causal=causal, key_padding_mask=mask)
+        torch.testing.assert_close(out[0], ref[0])
+        torch.testing.assert_close(out[1, :, :7], ref[1, :, :7])  # real queries
+
+
+# --------------------------------------------------------------------------- feature maps
+@pytest.mark.parametrize("kernel", ["softmax", "favor++", "trig"])
+def test_stabilized_features_give_same_attention(kernel):
+    """The stabilizers (query row max, key bound) cancel exactly: same attention as raw features."""
+    fm = build_feature_map(kernel, 16, 64, generator=torch.Generator().manual_seed(1)).double()
+    if kernel == "favor++":
+        fm.rho.fill_(0.3)
+    q, k, v = _normal(1, 2, 20, 16, seed=26) * 0.7, _normal(1, 2, 20, 16, seed=27) * 0.7, _normal(1, 2, 20, 5, seed=28)
+    raw = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, causal=True)
+    stab = linear_attention(fm(q, True), fm(k, False), v, causal=True, eps=fm.normalizer_eps)
+    torch.testing.assert_close(stab, raw, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "favor++"])
+def test_positive_features_are_unbiased_softmax_kernel(kernel):
+    """Mean over many independent draws of phi(x).phi(y) -> exp(x.y / sqrt(d)) (hand formula)."""
+    d = 8
+    x, y = _normal(1, 1, 3, d, seed=29) * 0.5, _normal(1, 1, 3, d, seed=30) * 0.5
+    exact = torch.exp(x[0, 0] @ y[0, 0].T / math.sqrt(d))
+    g = torch.Generator().manual_seed(2)
+    fm = build_feature_map(kernel, d, 2048, orthogonal=False, generator=g).double()
+    if kernel == "favor++":
+        fm.set_rho(x, y)
+        assert fm.rho.item() > 0  # A < 0: genuinely different from FAVOR+
+    est = 0
+    for _ in range(24):
+        fm.redraw(g)
+        est = est + fm(x, True, stabilize=False)[0, 0] @ fm(y, False, stabilize=False)[0, 0].T / 24
+    torch.testing.assert_close(est, exact, rtol=0.04, atol=0)
+
+
+def test_key_features_bounded_and_finite_at_extreme_inputs():
+    fm = FavorPlus(64, 256)
+    k = torch.randn(1, 1, 1000, 64) * torch.logspace(-2, 1.3, 1000).view(1, 1, -1, 1)  # norms up to ~160
+    f = fm(k, is_query=False)
+    assert torch.isfinite(f).all() and f.max() <= 1.0
+    fq = fm(k, is_query=True)
+    assert torch.isfinite(fq).all() and torch.allclose(fq.amax(-1), torch.ones(1000))
+
+
+def test_orthogonal_projection_rows():
+    fm = FavorPlus(16, 40, orthogonal=True, generator=torch.Generator().manual_seed(3))
+    w = fm.projection.double()
+    block = w[:16] / w[:16].norm(dim=1, keepdim=True)
+    torch.testing.assert_close(block @ block.T, torch.eye(16, dtype=torch.float64), atol=1e-5, rtol=0)
+    assert w.shape == (40, 16)
+
+
+# --------------------------------------------------------------------------- the module
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_module_step_matches_causal_forward(kernel):
+    torch.manual_seed(0)
+    m = Attention(32, 4, kernel=kernel, nb_features=16, chunk_size=4, causal=True).eval()
+    x = torch.randn(2, 11, 32)
+    ref = m(x)
+    state = m.init_state(2, None)
+    for t in range(11):
+        out, state = m.step(x[:, t], state)
+        torch.testing.assert_close(out, ref[:, t], rtol=1e-5, atol=1e-5)
+    assert state["pos"] == 11
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_module_padding_invariance(kernel, causal):
+    """Real positions' outputs do not depend on the content or number of padded positions."""
+    torch.manual_seed(0)
+    m = Attention(32, 4, kernel=kernel, nb_features=16, chunk_size=4, causal=causal).eval()
+    x = torch.randn(2, 9, 32)
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[1, 6:] = True
+    out = m(x, mask)
+    x2 = x.clone()
+    x2[1, 6:] = torch.randn(3, 32) * 5
+    out2 = m(x2, mask)
+    torch.testing.assert_close(out[1, :6], out2[1, :6], rtol=1e-5, atol=1e-5)
+    alone = m(x[1:, :6])  # the unpadded sequence on its own
+    torch.testing.assert_close(out[1, :6], alone[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_module_causality(kernel):
+    torch.manual_seed(0)
+    m = Attention(32, 4, kernel=kernel, nb_features=16, chunk_size=4, causal=True).double().eval()
+    x = torch.randn(1, 14, 32, dtype=torch.float64)
+    out = m(x)
+    for j in (0, 5, 9, 13):
+        x2 = x.clone()
+        x2[:, j:] = torch.randn(1, 14 - j, 32, dtype=torch.float64) * 3
+        out2 = m(x2)
+        assert torch.equal(out[:, :j], out2[:, :j]), f"output before {j} changed"
