@@ -1,0 +1,269 @@
+"""Linear probes on embeddings, beside an amino-acid-composition baseline.
+
+Why: a probe answers "do these embeddings know more than the residue counts do?". A
+standardize + logistic-regression (classification) or ridge (regression) pipeline with
+its regularization chosen by inner cross-validation is fitted on the embeddings and,
+with the same protocol, on the 20 standard amino-acid frequencies of each sequence.
+Scores come from the labels' own split (a test file or a ``split`` column) or, without
+one, from outer K-fold cross-validation. A shuffled-label control shows what chance
+looks like with the same pipeline.
+
+Labels are a CSV/TSV (gzipped or not) with a ``label`` column and an ``id`` or ``seq``
+column; without ids a sequence is found under :func:`protein_performer.embed.sequence_id`,
+the id ``scripts/embed.py`` gives CSV rows without ids.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .embed import sequence_id
+from .tokenizer import STANDARD_AA
+
+log = logging.getLogger(__name__)
+
+
+# --- inputs ----------------------------------------------------------------------------
+def load_embeddings(paths: str | Path | Sequence[str | Path], pooling: str = "mean",
+                    layer: int | None = None) -> tuple[list[str], np.ndarray]:
+    """ids and (N, D) rows from one or more HDF5 files written by ``scripts/embed.py``.
+    ``layer`` picks ``<pooling>/<layer>`` when a file holds several layers."""
+    import h5py
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    ids, rows = [], []
+    for p in paths:
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"embeddings {p}: no such file")
+        with h5py.File(p, "r") as f:
+            if pooling not in f:
+                raise KeyError(f"{p}: no '{pooling}' embeddings (has {sorted(f.keys())})")
+            node = f[pooling]
+            if not hasattr(node, "shape"):  # a group keyed by layer
+                layers = sorted(node.keys(), key=int)
+                if layer is None:
+                    raise ValueError(f"{p}: '{pooling}' holds layers {layers}; choose one with layer=")
+                if str(layer) not in node:
+                    raise KeyError(f"{p}: no layer {layer} under '{pooling}' (has {layers})")
+                node = node[str(layer)]
+            ids += [x.decode() if isinstance(x, bytes) else x for x in f["ids"][:]]
+            rows.append(np.asarray(node[:], dtype=np.float32))
+    return ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+
+
+@dataclass
+class Labels:
+    ids: list[str]
+    labels: list[str]
+    seqs: list[str] | None
+    split: list[str] | None
+    source: str
+    skipped: dict = field(default_factory=dict)
+
+
+def read_labels(path: str | Path) -> Labels:
+    """A label table: columns ``label`` and ``id`` and/or ``seq`` (optionally ``split``).
+    Rows with an empty label or sequence are counted, not fatal."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"labels {path}: no such file")
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
+    ids, labels, seqs, split, skipped = [], [], [], [], {"empty": 0}
+    with (gzip.open(path, "rt", newline="") if gz else open(path, newline="")) as fh:
+        reader = csv.reader(fh, delimiter=delim)
+        header = [h.strip().lower() for h in next(reader, [])]
+        col = {name: header.index(name) for name in ("id", "seq", "sequence", "label", "split") if name in header}
+        if "sequence" in col and "seq" not in col:
+            col["seq"] = col["sequence"]
+        if "label" not in col or not ({"id", "seq"} & col.keys()):
+            raise ValueError(f"{path}:1: header {header} needs a 'label' column and an 'id' or 'seq' column")
+        for n, row in enumerate(reader, 2):
+            if not row:
+                continue
+            if len(row) < len(header):
+                raise ValueError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
+            label = row[col["label"]].strip()
+            seq = row[col["seq"]].strip() if "seq" in col else None
+            if not label or (seq is not None and not seq):
+                skipped["empty"] += 1
+                continue
+            ids.append(row[col["id"]].strip() if "id" in col else sequence_id(seq))
+            labels.append(label)
+            seqs.append(seq)
+            split.append(row[col["split"]].strip().lower() if "split" in col else None)
+    if not ids:
+        raise ValueError(f"{path}: no labeled rows")
+    return Labels(ids, labels, seqs if "seq" in col else None, split if "split" in col else None,
+                  str(path), skipped)
+
+
+def composition(seqs: Sequence[str]) -> np.ndarray:
+    """(N, 20) frequencies of the standard amino acids (other residues count in the
+    denominator only)."""
+    lut = np.full(256, -1, dtype=np.int64)
+    for i, aa in enumerate(STANDARD_AA):
+        lut[ord(aa)] = i
+    out = np.zeros((len(seqs), len(STANDARD_AA)), dtype=np.float64)
+    for n, s in enumerate(seqs):
+        codes = lut[np.frombuffer(s.upper().encode("latin-1"), dtype=np.uint8)]
+        out[n] = np.bincount(codes[codes >= 0], minlength=len(STANDARD_AA)) / max(len(codes), 1)
+    return out.astype(np.float32)
+
+
+def detect_task(labels: Sequence[str], max_classes: int = 20) -> str:
+    """'classification' for non-numeric labels or few integer values, else 'regression'."""
+    try:
+        values = np.array([float(x) for x in labels])
+    except ValueError:
+        return "classification"
+    if np.all(values == np.round(values)) and len(np.unique(values)) <= max_classes:
+        return "classification"
+    return "regression"
+
+
+# --- the probe ---------------------------------------------------------------------------
+def make_probe(task: str, folds: int = 5, seed: int = 0):
+    """standardize -> logistic regression (C by inner CV on log-loss) or ridge (alpha by
+    leave-one-out)."""
+    from sklearn.linear_model import LogisticRegressionCV, RidgeCV
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    if task == "classification":
+        head = LogisticRegressionCV(Cs=np.logspace(-4, 2, 7), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
+                                    scoring="neg_log_loss", max_iter=2000, l1_ratios=(0.0,),
+                                    use_legacy_attributes=False)
+    elif task == "regression":
+        head = RidgeCV(alphas=np.logspace(-3, 5, 9))
+    else:
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    return make_pipeline(StandardScaler(), head)
+
+
+def scores(task: str, y_true: np.ndarray, y_pred: np.ndarray) -> dict:
+    from sklearn.metrics import accuracy_score, f1_score, r2_score
+    if task == "classification":
+        return {"accuracy": float(accuracy_score(y_true, y_pred)),
+                "macro_f1": float(f1_score(y_true, y_pred, average="macro", zero_division=0))}
+    from scipy.stats import pearsonr, spearmanr
+    const = np.ptp(y_pred) == 0
+    return {"spearman": 0.0 if const else float(spearmanr(y_true, y_pred).statistic),
+            "pearson": 0.0 if const else float(pearsonr(y_true, y_pred).statistic),
+            "r2": float(r2_score(y_true, y_pred))}
+
+
+def _chosen(pipe) -> dict:
+    head = pipe[-1]
+    if hasattr(head, "C_"):
+        return {"C": float(np.ravel(head.C_)[0])}
+    if hasattr(head, "alpha_"):
+        return {"alpha": float(head.alpha_)}
+    return {}
+
+
+def evaluate(task: str, X_train, y_train, X_test=None, y_test=None, folds: int = 5, seed: int = 0) -> dict:
+    """Fit and score on the test rows, or by outer K-fold CV when there are none."""
+    from sklearn.model_selection import KFold, StratifiedKFold, cross_val_predict
+    if X_test is not None:
+        pipe = make_probe(task, folds, seed).fit(X_train, y_train)
+        return {**scores(task, y_test, pipe.predict(X_test)), **_chosen(pipe)}
+    outer = (StratifiedKFold if task == "classification" else KFold)(folds, shuffle=True, random_state=seed)
+    pred = cross_val_predict(make_probe(task, folds, seed), X_train, y_train, cv=outer)
+    return scores(task, y_train, pred)
+
+
+def chance(task: str, y_train: np.ndarray, y_test: np.ndarray) -> dict:
+    """Scores of always predicting the training majority class (or mean)."""
+    if task == "classification":
+        vals, counts = np.unique(y_train, return_counts=True)
+        return scores(task, y_test, np.full(len(y_test), vals[np.argmax(counts)], dtype=y_test.dtype))
+    return {"spearman": 0.0, "pearson": 0.0, "r2": float(scores(task, y_test, np.full(len(y_test), y_train.mean()))["r2"])}
+
+
+def _subsample(idx: np.ndarray, n: int | None, rng: np.random.Generator) -> np.ndarray:
+    return idx if n is None or len(idx) <= n else np.sort(rng.choice(idx, n, replace=False))
+
+
+def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | None = None, *, task: str = "auto",
+              pooling: str = "mean", layer: int | None = None, folds: int = 5, seed: int = 0,
+              baseline: bool = True, shuffle_control: bool = True, max_train: int | None = None,
+              max_test: int | None = None) -> dict:
+    """The probe experiment; returns a JSON-ready dict of scores and counts."""
+    ids, X = load_embeddings(embeddings, pooling, layer)
+    row = {rid: i for i, rid in enumerate(ids)}
+    tables = [read_labels(labels)] + ([read_labels(test_labels)] if test_labels else [])
+    if task == "auto":
+        task = detect_task([lab for t in tables for lab in t.labels])
+    rng = np.random.default_rng(seed)
+
+    def gather(t: Labels, which: list[int]):
+        keep = [i for i in which if t.ids[i] in row]
+        y = np.array(t.labels, dtype=object) if task == "classification" else np.array(t.labels, dtype=np.float64)
+        y = y[keep].astype(str) if task == "classification" else y[keep]
+        seqs = [t.seqs[i] for i in keep] if t.seqs is not None else None
+        return np.array([row[t.ids[i]] for i in keep], dtype=np.int64), y, seqs, len(which) - len(keep)
+
+    if test_labels:
+        parts = [(tables[0], list(range(len(tables[0].ids)))), (tables[1], list(range(len(tables[1].ids))))]
+        protocol = "test file"
+    elif tables[0].split is not None:
+        sp = tables[0].split
+        parts = [(tables[0], [i for i, s in enumerate(sp) if s != "test"]),
+                 (tables[0], [i for i, s in enumerate(sp) if s == "test"])]
+        protocol = "split column"
+    else:
+        parts = [(tables[0], list(range(len(tables[0].ids))))]
+        protocol = f"{folds}-fold cross-validation"
+    gathered = [gather(t, w) for t, w in parts]
+    missing = sum(g[3] for g in gathered)
+    if missing:
+        log.warning("%d labeled rows have no embedding in %s (skipped)", missing, embeddings)
+    if any(len(g[0]) == 0 for g in gathered):
+        raise ValueError(f"no labeled rows of {labels} match ids in {embeddings} "
+                         f"(CSV rows without an id column are matched by sequence_id(seq))")
+    # subsample (seeded) and build features
+    caps = [max_train, max_test]
+    feats = []
+    for k, (rows_k, y, seqs, _) in enumerate(gathered):
+        sel = _subsample(np.arange(len(y)), caps[k], rng)
+        feats.append((X[rows_k[sel]], y[sel], [seqs[i] for i in sel] if seqs is not None else None))
+    Xtr, ytr, str_ = feats[0]
+    Xte, yte, ste = feats[1] if len(feats) > 1 else (None, None, None)
+    result: dict = {"task": task, "protocol": protocol, "embeddings": embeddings if isinstance(embeddings, str)
+                    else list(embeddings), "labels": labels, "test_labels": test_labels, "pooling": pooling,
+                    "layer": layer, "n_train": int(len(ytr)), "n_test": int(len(yte)) if yte is not None else None,
+                    "dim": int(X.shape[1]), "missing_embeddings": int(missing),
+                    "skipped_rows": {k: v for t in tables for k, v in t.skipped.items()}}
+    if task == "classification":
+        vals, counts = np.unique(ytr, return_counts=True)
+        result["classes"] = {str(v): int(c) for v, c in zip(vals, counts)}
+    result["embedding"] = evaluate(task, Xtr, ytr, Xte, yte, folds, seed)
+    if baseline:
+        if str_ is None:
+            result["composition"] = {"skipped": "labels have no seq column"}
+        else:
+            result["composition"] = evaluate(task, composition(str_), ytr,
+                                             composition(ste) if ste is not None else None, yte, folds, seed)
+    y_ref = yte if yte is not None else ytr
+    result["chance"] = chance(task, ytr, y_ref)
+    if shuffle_control:
+        result["shuffled_labels"] = evaluate(task, Xtr, rng.permutation(ytr), Xte, yte, folds, seed)
+    return result
+
+
+def format_result(r: dict) -> str:
+    """A few human lines for the console."""
+    keys = ["accuracy", "macro_f1"] if r["task"] == "classification" else ["spearman", "pearson", "r2"]
+    lines = [f"{r['task']} probe, {r['protocol']}: {r['n_train']} train" +
+             (f" / {r['n_test']} test" if r["n_test"] else "") + f" proteins, dim {r['dim']}"]
+    for name in ("embedding", "composition", "shuffled_labels", "chance"):
+        if name in r and "skipped" not in r[name]:
+            lines.append(f"  {name:16s} " + "  ".join(f"{k} {r[name][k]:.3f}" for k in keys))
+    return "\n".join(lines)

@@ -1,0 +1,286 @@
+"""Embedding: padding and batch composition do not leak, pooling matches a direct
+computation, the HDF5 / .pt layouts, resume after an interruption, counted skips."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import protein_performer
+from protein_performer import embed as E
+from protein_performer.io import read_fasta
+from protein_performer.tasks import ProteinLM
+
+FIX = Path(__file__).parent / "fixtures"
+FASTA = FIX / "pyswrd_uniprot_sprot15.fasta"
+ROOT = Path(__file__).parent.parent
+
+
+def tiny(kernel="softmax", seed=0, **attn):
+    torch.manual_seed(seed)
+    m = ProteinLM(model=dict(dim=32, depth=2, heads=2, dropout=0.1,
+                             attention=dict(kernel=kernel, nb_features=16, **attn)))
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"
+    trainer = pl.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(tiny())
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def records():
+    return [(r.id, r.sequence) for r in read_fasta(FASTA)]
+
+
+def reference(model, seq, layer):
+    """Independent reference: one unpadded forward pass, pooled by hand."""
+    tok = torch.tensor(model.tokenizer.encode(seq), dtype=torch.long)[None]
+    with torch.no_grad():
+        _, hidden = model.model(tok, None, return_layers=True)
+    h = hidden[layer][0].numpy()
+    res = h[1:-1]
+    return {"mean": res.mean(0), "max": res.max(0), "cls": h[0], "per_residue": res}
+
+
+# --- padding / batch composition -------------------------------------------------------
+@pytest.mark.parametrize("kernel", ["softmax", "favor++", "relu", "trig", "elu", "exact"])
+def test_alone_equals_batched(kernel, records):
+    model = tiny(kernel)
+    seqs = dict(records[:8])  # 8 proteins of very different lengths -> much padding
+    kw = dict(layers=[0, 1, -1], pooling=["mean", "cls", "max"], per_residue=True, long_alone=10**9)
+    batched = E.embed(model, seqs, **kw)
+    assert batched["ids"] == list(seqs)
+    lengths = sorted(len(s) for s in seqs.values())
+    assert lengths[0] * 3 < lengths[-1]
+    for i, (rid, seq) in enumerate(seqs.items()):
+        alone = E.embed(model, {rid: seq}, **kw)
+        for layer in (0, 1, 2):
+            for p in ("mean", "cls", "max"):
+                np.testing.assert_allclose(batched[p][layer][i], alone[p][layer][0], atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(batched["per_residue"][rid][layer], alone["per_residue"][rid][layer],
+                                       atol=1e-5, rtol=1e-5)
+
+
+def test_batch_partners_do_not_matter(records):
+    """The same protein batched with short, then with long partners (different padding)."""
+    model = tiny("softmax")
+    target = records[3]
+    a = E.embed(model, [target] + records[:2], per_residue=True)
+    b = E.embed(model, [target] + records[8:12], per_residue=True)
+    np.testing.assert_allclose(a["mean"][0], b["mean"][0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(a["per_residue"][target[0]], b["per_residue"][target[0]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "exact"])
+def test_pooling_matches_direct_computation(kernel, records):
+    model = tiny(kernel)
+    seqs = dict(records[:5])
+    out = E.embed(model, seqs, layers=[0, -1], pooling=["mean", "cls", "max"], per_residue=True,
+                  token_budget=4096)
+    for i, (rid, seq) in enumerate(seqs.items()):
+        for layer in (0, 2):
+            ref = reference(model, seq, layer)
+            for p in ("mean", "cls", "max"):
+                np.testing.assert_allclose(out[p][layer][i], ref[p], atol=1e-5, rtol=1e-5)
+            assert out["per_residue"][rid][layer].shape == (len(seq), 32)
+            np.testing.assert_allclose(out["per_residue"][rid][layer], ref["per_residue"], atol=1e-5, rtol=1e-5)
+
+
+def test_exact_long_proteins_run_alone_and_agree(records):
+    model = tiny("exact")
+    seqs = dict(records[:6])
+    together = E.embed(model, seqs, long_alone=10**9)
+    alone_path = E.embed(model, seqs, long_alone=50)  # everything above 50 tokens runs unpadded
+    np.testing.assert_allclose(together["mean"], alone_path["mean"], atol=1e-5, rtol=1e-5)
+    emb = E.Embedder(model.model, [2], ["mean"], kernel="exact")
+    assert emb.long_alone == 1024
+    assert E.Embedder(model.model, [2], ["mean"], kernel="softmax").long_alone is None
+
+
+def test_token_budget_batches_hand_example():
+    lengths = [5, 100, 30, 30, 8, 60]
+    batches = E.token_budget_batches(lengths, 120)
+    # longest first: [100] alone (100*2 > 120), then 60 (60*2=120 ok with 30), 30 (60*3>120)...
+    assert batches == [[1], [5, 2], [3, 4, 0]]
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert E.token_budget_batches([500, 3], 100) == [[0], [1]]  # over-budget protein on its own
+
+
+def test_layers_and_options():
+    assert E.resolve_layers(-1, 4) == [4]
+    assert E.resolve_layers([0, -2, 3, -1], 4) == [0, 3, 4]
+    with pytest.raises(ValueError, match="layers 0..4"):
+        E.resolve_layers([5], 4)
+    with pytest.raises(ValueError, match="pooling"):
+        E.resolve_pooling("sum")
+    with pytest.raises(ValueError, match="precision"):
+        E._dtype("8")
+
+
+def test_package_level_callable(records):
+    import importlib
+    model = tiny()
+    out = protein_performer.embed(model, [records[0][1]])  # module imported, still callable
+    assert out["mean"].shape == (1, 32) and out["mean"].dtype == np.float32
+    assert importlib.import_module("protein_performer.embed") is protein_performer.embed
+
+
+def test_bf16_close_to_fp32(records):
+    model = tiny()
+    a = E.embed(model, records[:3])["mean"]
+    b = E.embed(model, records[:3], precision="bf16")["mean"]
+    assert b.dtype == np.float32
+    assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
+
+
+# --- files -----------------------------------------------------------------------------
+def test_h5_and_pt_layout(ckpt, records, tmp_path):
+    out, pt = tmp_path / "e.h5", tmp_path / "pt"
+    s = E.embed_file(ckpt, FASTA, out, pt, layers=[-1], pooling=["mean", "cls"], per_residue=True, progress=False)
+    assert s["embedded"] == len(records) and s["residues"] == sum(len(q) for _, q in records)
+    model = E.load_model(str(ckpt))[0]
+    wrapped = ProteinLM.load_from_checkpoint(str(ckpt)).eval()
+    with h5py.File(out) as f:
+        assert [x.decode() for x in f["ids"][:]] == [r for r, _ in records]  # input order
+        assert f["mean"].shape == (len(records), 32) and f["mean"].dtype == np.float32
+        assert f["cls"].shape == (len(records), 32)
+        for i, (rid, seq) in enumerate(records):
+            ref = reference(wrapped, seq, 2)
+            np.testing.assert_allclose(f["mean"][i], ref["mean"], atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(f["per_residue"][rid][:], ref["per_residue"], atol=1e-5, rtol=1e-5)
+            assert f["per_residue"][rid].shape == (len(seq), 32)
+    assert not (tmp_path / "e.h5.partial").exists()
+    # ESM-compatible files
+    assert len(list(pt.glob("*.pt"))) == len(records)
+    rid, seq = records[4]
+    obj = torch.load(pt / f"{rid}.pt")
+    assert obj["label"] == rid and set(obj) == {"label", "mean_representations", "bos_representations",
+                                                "representations"}
+    assert obj["representations"][2].shape == (len(seq), 32)
+    with h5py.File(out) as f:
+        np.testing.assert_array_equal(obj["mean_representations"][2].numpy(), f["mean"][4])
+    assert model.depth == 2
+
+
+def test_h5_several_layers(ckpt, records, tmp_path):
+    out = tmp_path / "e.h5"
+    E.embed_file(ckpt, FASTA, out, layers=[0, -1], per_residue=True, progress=False)
+    with h5py.File(out) as f:
+        assert sorted(f["mean"].keys()) == ["0", "2"]
+        assert f["mean/0"].shape == f["mean/2"].shape == (len(records), 32)
+        rid, seq = records[0]
+        assert f[f"per_residue/0/{rid}"].shape == (len(seq), 32)
+        assert not np.allclose(f["mean/0"][:], f["mean/2"][:])
+
+
+def _write_fasta(path, recs):
+    path.write_text("".join(f">{r} some description\n{s[:60]}\n{s[60:]}\n" for r, s in recs))
+
+
+def test_resume_after_interruption_matches_a_fresh_run(ckpt, records, tmp_path, monkeypatch):
+    fasta = tmp_path / "in.fasta"
+    _write_fasta(fasta, records)
+    fresh = tmp_path / "fresh.h5"
+    E.embed_file(ckpt, fasta, fresh, per_residue=True, progress=False)
+
+    out = tmp_path / "out.h5"
+    # first run over the first 6 records, then the whole file
+    _write_fasta(tmp_path / "head.fasta", records[:6])
+    E.embed_file(ckpt, tmp_path / "head.fasta", out, per_residue=True, progress=False, sort_window=4)
+    # a run that dies after its first window of 4: OUT stays the finished 6-record file
+    calls = {"n": 0}
+    orig = E.H5Writer.append_rows
+
+    def dying(self, rows):
+        orig(self, rows)
+        calls["n"] += 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(E.H5Writer, "append_rows", dying)
+    with pytest.raises(KeyboardInterrupt):
+        E.embed_file(ckpt, fasta, out, per_residue=True, progress=False, sort_window=4)
+    assert (tmp_path / "out.h5.partial").exists()
+    with h5py.File(out) as f:
+        assert f["ids"].shape == (6,)
+    monkeypatch.setattr(E.H5Writer, "append_rows", orig)
+    s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False, sort_window=4)
+    assert s["already_done"] == 10 and s["embedded"] == len(records) - 10
+    assert not (tmp_path / "out.h5.partial").exists()
+    with h5py.File(out) as a, h5py.File(fresh) as b:
+        assert list(a["ids"][:]) == list(b["ids"][:])
+        np.testing.assert_allclose(a["mean"][:], b["mean"][:], atol=1e-6)
+        assert sorted(a["per_residue"].keys()) == sorted(b["per_residue"].keys())
+        assert a.attrs["complete"]
+    # nothing left to do
+    s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False)
+    assert s["embedded"] == 0 and s["already_done"] == len(records)
+    # a different configuration is refused, not mixed in
+    with pytest.raises(ValueError, match="layers"):
+        E.embed_file(ckpt, fasta, out, layers=[0], per_residue=True, progress=False)
+
+
+def test_resume_pt_dir(ckpt, records, tmp_path):
+    fasta = tmp_path / "in.fasta"
+    _write_fasta(fasta, records[:5])
+    E.embed_file(ckpt, fasta, pt_dir=tmp_path / "pt", progress=False)
+    _write_fasta(fasta, records)
+    s = E.embed_file(ckpt, fasta, pt_dir=tmp_path / "pt", progress=False)
+    assert s["already_done"] == 5 and s["embedded"] == len(records) - 5
+    assert len(list((tmp_path / "pt").glob("*.pt"))) == len(records)
+    assert not list((tmp_path / "pt").glob(".*tmp"))
+
+
+def test_duplicates_invalid_and_empty_are_counted(ckpt, tmp_path, caplog):
+    fasta = tmp_path / "bad.fasta"
+    fasta.write_text(">a\nMKTAYIAK\n>b\nMKJAYIAK\n>a\nMKTAYIAKQQ\n>c\n>d/1-5\nACDEF\n")
+    caplog.set_level("WARNING")
+    out = tmp_path / "e.h5"
+    s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False)
+    assert (s["embedded"], s["duplicate"], s["invalid"], s["empty"]) == (2, 1, 1, 1)
+    text = caplog.text
+    assert f"{fasta}:5: record 'a' repeats the id first seen at {fasta}:1" in text
+    assert f"{fasta}:3" in text and "'J'" in text
+    with h5py.File(out) as f:
+        assert [x.decode() for x in f["ids"][:]] == ["a", "d/1-5"]
+        assert f["per_residue/d%2F1-5"].shape == (5, 32)  # '/' escaped in member names
+    with pytest.raises(Exception, match=r"bad.fasta:3.*'b'.*'J'"):
+        E.embed_file(ckpt, fasta, tmp_path / "f.h5", on_invalid="error", progress=False)
+    s = E.embed_file(ckpt, fasta, tmp_path / "g.h5", unknown="X", progress=False)
+    assert s["invalid"] == 0 and s["embedded"] == 3
+
+
+def test_csv_and_gzipped_dat_inputs(ckpt, tmp_path):
+    csv_path = tmp_path / "l.csv"
+    csv_path.write_text("label,seq\n1,MKTAYIAKQR\n0,ACDEFGHIK\n")
+    out = E.embed(str(ckpt), str(csv_path))
+    assert out["ids"] == [E.sequence_id("MKTAYIAKQR"), E.sequence_id("acdefghik")]
+    dat = tmp_path / "x.dat.gz"
+    with gzip.open(dat, "wb") as fh:
+        fh.write((FIX / "emboss_trembl_9records_2012.dat").read_bytes())
+    s = E.embed_file(ckpt, dat, tmp_path / "d.h5", progress=False)
+    assert s["embedded"] == 9
+
+
+def test_cli(ckpt, records, tmp_path):
+    out = tmp_path / "cli.h5"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "embed.py"), f"ckpt={ckpt}", f"input={FASTA}",
+                        f"output={out}", "layers=[0,-1]", "pooling=[mean,max]", "progress=false"],
+                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["embedded"] == len(records)
+    with h5py.File(out) as f:
+        assert sorted(f) == ["ids", "max", "mean"] and sorted(f["max"]) == ["0", "2"]
+    assert not list(tmp_path.glob("outputs")) and not list(tmp_path.glob("*.log"))
