@@ -1,0 +1,310 @@
+"""One streaming pass from a FASTA / UniProt ``.dat`` file (gzipped or not) to token shards.
+
+    source -> blocks (cut at record starts) -> workers: tokenize, hash, split
+           -> main, in block order: drop exact duplicates, append to shards, count
+
+Work is committed in *parts* (a fixed number of input blocks): a part's shards are
+written, then ``parts/NNNNN.json`` (cumulative counts and where the next part starts).
+A killed run restarts after the last committed part, rebuilding the de-dup set from the
+committed shards' hashes, and produces byte-identical shards. Results are cached in
+``<data_dir>/prepared/<name>-<source sha256>-<params>``; ``manifest.json`` marks them done.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from ..io import ParseError, detect_format
+from ..tokenizer import VERSION, Tokenizer
+from .blocks import BlockResult, is_gzip, iter_ranges, iter_text_blocks, read_range, tokenize_block
+from .dedup import HashSet
+from .shards import MANIFEST, ShardWriter, write_json
+from .split import SPLITS
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+HIST_BINS = 18  # log2 length bins: [1,2), [2,4), ... [2^17, inf)
+
+
+def default_data_dir() -> Path:
+    """``$PROTEIN_PERFORMER_DATA`` or ``~/.cache/protein-performer``."""
+    return Path(os.environ.get("PROTEIN_PERFORMER_DATA", Path.home() / ".cache" / "protein-performer"))
+
+
+def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
+    """SHA-256 of a file's bytes, remembered in ``cache_dir`` by (path, size, mtime) so a
+    50 GB source is hashed once, not at every training start."""
+    path = Path(path).resolve()
+    st = path.stat()
+    memo = None
+    if cache_dir is not None:
+        key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+        memo = Path(cache_dir) / "checksums" / f"{key}.sha256"
+        if memo.is_file():
+            return memo.read_text().strip()
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if memo is not None:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(digest + "\n")
+    return digest
+
+
+def _params(fmt, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part) -> dict:
+    return {"format": fmt, "valid_fraction": valid_fraction, "test_fraction": test_fraction, "unknown": unknown,
+            "dedup": dedup, "block_size": block_size, "blocks_per_part": blocks_per_part,
+            "tokenizer_version": VERSION, "format_version": FORMAT_VERSION}
+
+
+def prepared_dir_for(source: Path, sha: str, params: dict, data_dir: Path) -> Path:
+    name = source.name.split(".")[0] or "data"
+    ph = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8]
+    return data_dir / "prepared" / f"{name}-{sha[:16]}-{ph}"
+
+
+def _work(task) -> BlockResult:
+    kind, payload, fmt, tokenizer, vf, tf, first, source = task
+    buf = read_range(*payload) if kind == "range" else payload
+    return tokenize_block(buf, fmt, tokenizer=tokenizer, valid_fraction=vf, test_fraction=tf,
+                          first_block=first, source=source)
+
+
+class _Ordered:
+    """Runs tasks on a pool (or inline with 0 workers), yielding results in submission
+    order with a bounded number in flight, so a gzip reader never runs far ahead."""
+
+    def __init__(self, workers: int):
+        self.pool = None
+        if workers > 0:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            self.pool = ctx.Pool(workers)
+        self.depth = max(2, 2 * workers)
+
+    def map(self, tasks):
+        if self.pool is None:
+            for t in tasks:
+                yield t[0], _work(t[1])
+            return
+        queue = deque()
+        for tag, t in tasks:
+            queue.append((tag, self.pool.apply_async(_work, (t,))))
+            if len(queue) >= self.depth:
+                tag0, r = queue.popleft()
+                yield tag0, r.get()
+        while queue:
+            tag0, r = queue.popleft()
+            yield tag0, r.get()
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+class _State:
+    """Cumulative counts; saved with every committed part."""
+
+    def __init__(self, d: dict | None = None):
+        d = d or {}
+        self.next_offset = d.get("next_offset", 0)
+        self.newlines = d.get("newlines", 0)
+        self.blocks = d.get("blocks", 0)
+        z = lambda: {s: 0 for s in SPLITS}  # noqa: E731
+        self.counts = d.get("counts", {k: z() for k in ("records_read", "kept", "duplicates", "invalid", "tokens")})
+        self.hist = d.get("hist", {s: [0] * HIST_BINS for s in SPLITS})
+        self.train_token_counts = d.get("train_token_counts", [0] * Tokenizer().vocab_size)
+        self.invalid_examples = d.get("invalid_examples", [])
+        self.shards = d.get("shards", {s: [] for s in SPLITS})
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _part_path(out: Path, part: int) -> Path:
+    return out / "parts" / f"{part:05d}.json"
+
+
+def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: str | Path | None = None,
+            format: str | None = None, valid_fraction: float = 0.01, test_fraction: float = 0.01,
+            unknown: str = "error", on_invalid: str = "skip", dedup: bool = True, workers: int | None = None,
+            block_size: int = 16 << 20, blocks_per_part: int = 64, max_parts: int | None = None,
+            progress: bool = True) -> Path:
+    """Prepare ``source`` once; return the prepared folder (reused if already done).
+
+    ``on_invalid='skip'`` counts and reports records with invalid residues or no
+    sequence; ``'error'`` stops at the first with its file, line and record.
+    ``max_parts`` stops after that many parts (a later call continues).
+    """
+    source = Path(source)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: no such file")
+    if on_invalid not in ("skip", "error"):
+        raise ValueError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
+    if not (valid_fraction >= 0 and test_fraction >= 0 and valid_fraction + test_fraction < 1):
+        raise ValueError(f"need 0 <= valid_fraction, test_fraction and a sum < 1, got {valid_fraction}, {test_fraction}")
+    fmt = {"dat": "uniprot", "swiss": "uniprot"}.get(format, format) or detect_format(source)
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    sha = file_sha256(source, data_dir)
+    params = _params(fmt, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part)
+    out = Path(out_dir) if out_dir is not None else prepared_dir_for(source, sha, params, data_dir)
+    if (out / MANIFEST).is_file():
+        log.info("%s: already prepared in %s", source, out)
+        return out
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    info_path = out / "params.json"
+    info = {"source_sha256": sha, "params": params}
+    if info_path.is_file() and json.loads(info_path.read_text()) != info:
+        raise ValueError(f"{out}: holds a preparation of other data or settings ({info_path}); use another out_dir")
+    write_json(info_path, info)
+
+    # resume after the last committed part
+    part = 0
+    while _part_path(out, part).is_file():
+        part += 1
+    state = _State(json.loads(_part_path(out, part - 1).read_text()) if part else None)
+    seen = HashSet(1 << 20)
+    if dedup and part:
+        for s in SPLITS:
+            for shard in state.shards[s]:
+                seen.add(np.load(out / shard["hashes_file"]))
+        log.info("%s: resuming after %d finished parts (%d sequences)", out, part, len(seen))
+
+    tokenizer = Tokenizer(unknown=unknown)
+    gz = is_gzip(source)
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    src = str(source)
+
+    def tasks():
+        if gz or workers == 0:
+            it = ((off, ("bytes", buf)) for off, buf in iter_text_blocks(source, fmt, block_size, state.next_offset))
+        else:
+            it = ((off, ("range", (src, off, n))) for off, n in iter_ranges(source, fmt, block_size, state.next_offset))
+        for off, (kind, payload) in it:
+            yield off, (kind, payload, fmt, tokenizer, valid_fraction, test_fraction, off == 0, src)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=None if gz else source.stat().st_size, initial=0 if gz else state.next_offset,
+                   unit="B", unit_scale=True, desc=f"prepare {source.name}")
+    t0 = time.perf_counter()
+    runner = _Ordered(workers)
+    writers = None
+    block = state.blocks
+    done = True
+    try:
+        for off, res in runner.map(tasks()):
+            if writers is None:
+                writers = {s: ShardWriter(out, s, part) for s in SPLITS}
+            _absorb(res, off, state, seen if dedup else None, writers, src, on_invalid)
+            block += 1
+            state.blocks = block
+            if bar is not None:
+                bar.update(res.nbytes)
+            if block % blocks_per_part == 0:
+                _commit(out, part, writers, state)
+                writers, part = None, part + 1
+                if max_parts is not None and part >= max_parts:
+                    done = False
+                    break
+        if writers is not None:
+            _commit(out, part, writers, state)
+            part += 1
+    finally:
+        runner.close()
+        if bar is not None:
+            bar.close()
+    if not done:
+        log.info("%s: stopped after %d parts (max_parts); call again to continue", out, part)
+        return out
+    manifest = _manifest(state, source, sha, fmt, gz, params, time.perf_counter() - t0)
+    write_json(out / MANIFEST, manifest)
+    c = manifest
+    msg = (f"prepared {source}: read {c['records_read']:,} records, kept {c['kept']:,}, "
+           f"duplicates {c['duplicates']:,}, invalid {c['invalid']:,}; "
+           + ", ".join(f"{s} {c['splits'][s]['kept']:,}" for s in SPLITS) + f"\nprepared data: {out}")
+    if c["invalid"]:
+        msg += "\ninvalid records (first few): " + "; ".join(c["invalid_examples"])
+    print(msg)
+    return out
+
+
+def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, writers: dict, src: str,
+            on_invalid: str) -> None:
+    """Fold one block's result into the shards and counts (main process, block order)."""
+    for line, rid, why in res.reasons:
+        text = f"{src}:{state.newlines + line + 1}: record {rid!r}: {why}"
+        if on_invalid == "error":
+            raise ParseError(text + " (set data.on_invalid=skip to count and skip such records)")
+        if len(state.invalid_examples) < 20:
+            state.invalid_examples.append(text)
+    if on_invalid == "error" and res.invalid.sum():
+        raise ParseError(f"{src}: invalid record after line {state.newlines}")
+    is_new = seen.add(res.hashes) if seen is not None else np.ones(len(res.hashes), dtype=bool)
+    bounds = np.searchsorted(res.splits, np.arange(len(SPLITS) + 1))
+    tok_off = np.concatenate(([0], np.cumsum(res.lengths + 1)))
+    for si, s in enumerate(SPLITS):
+        a, b = int(bounds[si]), int(bounds[si + 1])
+        new = is_new[a:b]
+        lens = res.lengths[a:b] + 1
+        toks = res.tokens[tok_off[a]:tok_off[b]]
+        if not new.all():
+            toks = toks[np.repeat(new, lens)]
+            lens = lens[new]
+        writers[s].append(toks, lens, res.hashes[a:b][new])
+        c = state.counts
+        c["records_read"][s] += int(res.read[si])
+        c["invalid"][s] += int(res.invalid[si])
+        c["duplicates"][s] += int((~new).sum())
+        c["kept"][s] += int(new.sum())
+        c["tokens"][s] += int(lens.sum())
+        if len(lens):
+            bins = np.minimum(np.frexp(lens - 1)[1] - 1, HIST_BINS - 1)  # floor(log2(residues))
+            h = np.bincount(bins, minlength=HIST_BINS)
+            state.hist[s] = [x + int(y) for x, y in zip(state.hist[s], h)]
+            if s == "train":
+                tc = np.bincount(toks, minlength=len(state.train_token_counts))
+                tc[: Tokenizer().aa_offset] = 0
+                state.train_token_counts = [x + int(y) for x, y in zip(state.train_token_counts, tc)]
+    state.newlines += res.newlines
+    state.next_offset = off + int(res.nbytes)
+
+
+def _commit(out: Path, part: int, writers: dict, state: _State) -> None:
+    for s, w in writers.items():
+        state.shards[s].append(w.close())
+    write_json(_part_path(out, part), state.to_dict())
+
+
+def _manifest(state: _State, source: Path, sha: str, fmt: str, gz: bool, params: dict, seconds: float) -> dict:
+    c = state.counts
+    splits = {s: {k: c[k][s] for k in ("records_read", "kept", "duplicates", "invalid", "tokens")}
+              | {"shards": [x for x in state.shards[s] if x["records"] > 0],
+                 "length_histogram": state.hist[s]} for s in SPLITS}
+    total = {k: sum(c[k].values()) for k in ("records_read", "kept", "duplicates", "invalid", "tokens")}
+    hist = [sum(state.hist[s][i] for s in SPLITS) for i in range(HIST_BINS)]
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer_version": VERSION,
+        "source": {"path": str(source), "bytes": source.stat().st_size, "sha256": sha, "format": fmt, "gzip": gz,
+                   "uncompressed_bytes": state.next_offset},
+        "params": params,
+        **total,
+        "splits": splits,
+        "length_histogram": {"note": "residues per kept record; bin i counts lengths in [2^i, 2^(i+1)), "
+                                     "the last bin everything longer", "counts": hist},
+        "train_token_counts": state.train_token_counts,
+        "invalid_examples": state.invalid_examples,
+        "seconds_last_run": round(seconds, 3),
+    }
