@@ -1,0 +1,465 @@
+"""Evaluate trained checkpoints on any FASTA / UniProt file, at full length, by length bucket.
+
+For each protein (``<cls> residues <eos>``):
+
+* masked-LM: 15 % of residues are selected and corrupted 80/10/10 (``mask_tokens``) with a
+  generator seeded from (seed, the protein's tokens), so the masks of a protein do not
+  depend on the batch it lands in, the order of the file or the token budget;
+  the selected residues are scored.
+* causal LM: every residue is scored given ``<cls>`` and the residues before it (the
+  ``<eos>`` target is not scored, so the model and the amino-acid baseline score exactly
+  the same positions).
+
+Linear-attention models see every protein whole, whatever its length and whatever crop
+they were trained with. Exact softmax (quadratic memory) sees proteins longer than
+``window`` tokens through overlapping windows (``stride`` apart); each position is scored
+exactly once, in the window that gives it the most context (causal: the longest prefix;
+masked: the most central window). Models with learned positions are windowed at their
+``max_len``. ``metrics.json`` records which was used.
+
+Figures are token-weighted (summed NLL / scored tokens), overall and per length bucket
+(by number of residues); the baseline is the amino-acid frequencies of the checkpoint's
+training data (the Performer paper's "empirical baseline"), scored on the same positions.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .objectives import IGNORE, mask_tokens, token_stats, unigram_baseline
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# (label, lowest length, highest length) in residues
+BUCKETS: tuple[tuple[str, int, float], ...] = (
+    ("<=256", 0, 256), ("257-512", 257, 512), ("513-1024", 513, 1024),
+    ("1025-2048", 1025, 2048), ("2049-4096", 2049, 4096), (">4096", 4097, math.inf))
+METRIC_KEYS = ("perplexity", "accuracy", "loss", "num_tokens", "num_sequences",
+               "baseline_perplexity", "baseline_accuracy")
+
+
+def length_bucket(num_residues: int) -> str:
+    """The label of the length bucket a protein of ``num_residues`` residues falls in."""
+    for label, lo, hi in BUCKETS:
+        if lo <= num_residues <= hi:
+            return label
+    raise ValueError(f"invalid protein length {num_residues}")
+
+
+@dataclass
+class Sums:
+    """Token sums from which token-weighted figures are exact across batches and buckets."""
+    nll: float = 0.0
+    correct: int = 0
+    count: int = 0
+    base_nll: float = 0.0
+    base_correct: int = 0
+    sequences: int = 0
+
+    def add(self, other: "Sums") -> None:
+        for k in ("nll", "correct", "count", "base_nll", "base_correct", "sequences"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    def metrics(self, baseline: bool = True) -> dict:
+        """The figures of ``metrics.json``; None where nothing was scored (or no baseline)."""
+        n = self.count
+        out = {"perplexity": None, "accuracy": None, "loss": None, "num_tokens": int(n),
+               "num_sequences": int(self.sequences), "baseline_perplexity": None, "baseline_accuracy": None}
+        if n:
+            out["loss"] = self.nll / n
+            out["perplexity"] = math.exp(min(out["loss"], 700.0))
+            out["accuracy"] = self.correct / n
+            if baseline:
+                out["baseline_perplexity"] = math.exp(min(self.base_nll / n, 700.0))
+                out["baseline_accuracy"] = self.base_correct / n
+        return out
+
+
+@dataclass
+class Piece:
+    """A stretch of one protein fed to the model: inputs and labels (IGNORE where not scored)."""
+    seq: int
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass
+class Protein:
+    id: str
+    tokens: np.ndarray  # <cls> residues <eos>, as Tokenizer.encode gives
+
+    @property
+    def num_residues(self) -> int:
+        return len(self.tokens) - 2
+
+
+# --- input ----------------------------------------------------------------------------
+def load_proteins(path: str | Path, fmt: str | None = None, max_records: int | None = None,
+                  unknown: str = "error", skip_invalid: bool = False) -> list[Protein]:
+    """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped). Bad records
+    raise an error naming the file, line and record (or are skipped and counted)."""
+    from .data.datamodule import tokenize_file
+    tokenizer = Tokenizer(unknown=unknown)
+    stats: dict = {}
+    proteins = [Protein(rec.id, ids) for rec, ids in
+                tokenize_file(path, tokenizer, fmt, max_records, skip_invalid, stats)]
+    skipped = {k: v for k, v in stats.items() if v}
+    if skipped:
+        log.warning("%s: skipped %s", path, skipped)
+    if not proteins:
+        raise ValueError(f"{path}: no protein records")
+    return proteins
+
+
+def _as_proteins(sequences: Iterable, tokenizer: Tokenizer) -> list[Protein]:
+    out = []
+    for i, s in enumerate(sequences):
+        if isinstance(s, Protein):
+            out.append(s)
+        elif isinstance(s, str):
+            out.append(Protein(f"seq{i}", tokenizer.encode(s, record=f"seq{i}")))
+        else:
+            out.append(Protein(f"seq{i}", np.asarray(s, dtype=np.uint8)))
+    return out
+
+
+# --- what to score -----------------------------------------------------------------------
+def _sequence_generator(seed: int, tokens: np.ndarray) -> torch.Generator:
+    h = hashlib.sha256(f"protein-performer-eval:{int(seed)}:".encode() + np.asarray(tokens, np.uint8).tobytes())
+    return torch.Generator().manual_seed(int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1))
+
+
+def inputs_and_labels(tokens: np.ndarray, objective: str, tokenizer: Tokenizer, seed: int = 0,
+                      mask_prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+    """One protein's model inputs and labels (IGNORE where not scored), reproducible from
+    (seed, the protein) alone."""
+    t = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    if objective == "mlm":
+        inputs, labels = mask_tokens(t[None], tokenizer, _sequence_generator(seed, tokens), mask_prob)
+        return inputs[0], labels[0]
+    if objective == "clm":
+        inputs, labels = t[:-1], t[1:].clone()
+        labels[labels < tokenizer.aa_offset] = IGNORE  # score residues only (not <eos>)
+        return inputs, labels
+    raise ValueError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+
+
+def window_spans(n: int, window: int, stride: int, causal: bool) -> list[tuple[int, int, int, int]]:
+    """Split positions 0..n-1 into windows [start, end) of ``window`` positions, ``stride``
+    apart (the last aligned to the end), each owning [own_start, own_end): every position is
+    owned by exactly one window. Causal: a window owns what the previous did not reach (the
+    most left context); bidirectional: the boundaries sit mid-way through the overlaps."""
+    if window < 1 or not 0 < stride <= window:
+        raise ValueError(f"need window >= 1 and 0 < stride <= window, got window={window}, stride={stride}")
+    if n <= window:
+        return [(0, n, 0, n)]
+    starts = list(range(0, n - window, stride)) + [n - window]
+    ends = [s + window for s in starts]
+    spans = []
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        if causal:
+            own_s = 0 if i == 0 else ends[i - 1]
+            own_e = e
+        else:
+            own_s = 0 if i == 0 else (s + ends[i - 1]) // 2
+            own_e = n if i == len(starts) - 1 else (starts[i + 1] + e) // 2
+        if own_e > own_s:
+            spans.append((s, e, own_s, own_e))
+    return spans
+
+
+# --- the model -----------------------------------------------------------------------------
+def attention_kernel(task) -> str:
+    return task.model.blocks[0].attn.kernel if len(task.model.blocks) else "none"
+
+
+def _window_for(task, window: int | None, stride: int | None) -> tuple[int | None, int | None, str | None]:
+    """(window, stride, reason) for this model, or (None, None, None) when it sees proteins whole."""
+    if task.model.pos_embed is not None:  # learned positions cannot go past max_len
+        w = task.model.max_len if window is None else min(window, task.model.max_len)
+        s = min(stride or w // 2, w)
+        return w, s, "learned positions (model.max_len)"
+    if attention_kernel(task) == "exact" and window is not None:
+        return window, (stride or window // 2), "exact softmax attention (quadratic memory)"
+    return None, None, None
+
+
+def _batches(pieces: list[Piece], max_tokens: int, batch_size: int) -> Iterable[list[Piece]]:
+    """Longest first; each batch pads to its longest piece and keeps rows x length <= max_tokens."""
+    order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i].inputs))
+    batch: list[Piece] = []
+    for i in order:
+        p = pieces[i]
+        width = len(batch[0].inputs) if batch else len(p.inputs)
+        if batch and ((len(batch) + 1) * width > max_tokens or len(batch) >= batch_size):
+            yield batch
+            batch = []
+        batch.append(p)
+    if batch:
+        yield batch
+
+
+def _device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@torch.no_grad()
+def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
+                   max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
+                   stride: int | None = 2048, device: str = "cpu", progress: bool = True,
+                   desc: str = "evaluate") -> dict:
+    """Score ``sequences`` (Protein objects, strings or token arrays) with a ProteinLM.
+
+    Returns ``metrics.json``'s content: the figures overall, ``buckets`` (the same figures
+    per length bucket) and ``evaluation`` (objective, seed, attention kernel and whether
+    proteins were seen whole or windowed)."""
+    tokenizer = task.tokenizer
+    objective = task.hparams.objective
+    proteins = _as_proteins(sequences, tokenizer)
+    if not proteins:
+        raise ValueError("nothing to evaluate: no sequences")
+    dev = _device(device)
+    task = task.to(dev).eval()
+    freqs = task.aa_frequencies
+    if freqs is not None:
+        freqs = freqs.to(dev).float()
+    win, stride_used, why = _window_for(task, window, stride)
+
+    pieces: list[Piece] = []
+    windowed = 0
+    for i, p in enumerate(proteins):
+        inputs, labels = inputs_and_labels(p.tokens, objective, tokenizer, seed, mask_prob)
+        n = len(inputs)
+        if win is None or n <= win:
+            pieces.append(Piece(i, inputs, labels))
+            continue
+        windowed += 1
+        for s, e, own_s, own_e in window_spans(n, win, stride_used, causal=objective == "clm"):
+            lab = torch.full((e - s,), IGNORE, dtype=labels.dtype)
+            lab[own_s - s:own_e - s] = labels[own_s:own_e]
+            pieces.append(Piece(i, inputs[s:e], lab))
+
+    per_seq = [Sums(sequences=1) for _ in proteins]
+    total = sum(len(p.inputs) for p in pieces)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr)
+    for batch in _batches(pieces, max_tokens, batch_size):
+        width = max(len(p.inputs) for p in batch)
+        inputs = torch.full((len(batch), width), tokenizer.pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+        for r, p in enumerate(batch):
+            inputs[r, :len(p.inputs)] = p.inputs
+            labels[r, :len(p.labels)] = p.labels
+        padding = torch.zeros_like(inputs, dtype=torch.bool)
+        for r, p in enumerate(batch):
+            padding[r, len(p.inputs):] = True
+        inputs, labels, padding = inputs.to(dev), labels.to(dev), padding.to(dev)
+        logits = task(inputs, padding if padding.any() else None)
+        for r, p in enumerate(batch):
+            s = token_stats(logits[r], labels[r])
+            acc = per_seq[p.seq]
+            acc.nll += float(s.nll)
+            acc.correct += int(s.correct)
+            acc.count += int(s.count)
+            if freqs is not None:
+                b = unigram_baseline(freqs, labels[r])
+                acc.base_nll += float(b.nll)
+                acc.base_correct += int(b.correct)
+        if bar is not None:
+            bar.update(sum(len(p.inputs) for p in batch))
+    if bar is not None:
+        bar.close()
+
+    overall = Sums()
+    buckets = {label: Sums() for label, _, _ in BUCKETS}
+    for p, s in zip(proteins, per_seq):
+        overall.add(s)
+        buckets[length_bucket(p.num_residues)].add(s)
+    has_base = freqs is not None
+    result = overall.metrics(has_base)
+    result["buckets"] = {k: v.metrics(has_base) for k, v in buckets.items()}
+    result["evaluation"] = {
+        "objective": objective,
+        "scored": "masked residues" if objective == "mlm" else "every residue (next-token)",
+        "mask_prob": mask_prob if objective == "mlm" else None,
+        "seed": seed,
+        "attention_kernel": attention_kernel(task),
+        "full_length": windowed == 0,
+        "window": win,
+        "stride": stride_used,
+        "window_reason": why,
+        "windowed_sequences": windowed,
+        "baseline": "training amino-acid frequencies (from the checkpoint)" if has_base else None,
+    }
+    return result
+
+
+# --- checkpoints, files ----------------------------------------------------------------------
+def checkpoint_name(path: str | Path) -> str:
+    """A readable label: the run directory for ``<run>/checkpoints/x.ckpt``, else the file stem."""
+    p = Path(path)
+    if p.parent.name == "checkpoints" and p.parent.parent.name:
+        return p.parent.parent.name if p.stem == "last" else f"{p.parent.parent.name}/{p.stem}"
+    return p.stem
+
+
+def _unique_names(paths: Sequence[str], names: Sequence[str] | None) -> list[str]:
+    if names is not None:
+        if len(names) != len(paths):
+            raise ValueError(f"names: {len(names)} given for {len(paths)} checkpoints")
+        return list(names)
+    out: list[str] = []
+    for p in paths:
+        base, n = checkpoint_name(p), 2
+        name = base
+        while name in out:
+            name, n = f"{base}-{n}", n + 1
+        out.append(name)
+    return out
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step"))
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+
+
+def write_csv(results: dict[str, dict], path: str | Path) -> None:
+    """One row per (checkpoint, bucket); bucket "all" is the whole set."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["checkpoint", "bucket", *METRIC_KEYS])
+        for name, m in results.items():
+            w.writerow([name, "all", *(m[k] for k in METRIC_KEYS)])
+            for label, bm in m["buckets"].items():
+                w.writerow([name, label, *(bm[k] for k in METRIC_KEYS)])
+
+
+def plot(results: dict[str, dict], path: str | Path, title: str | None = None) -> None:
+    """Perplexity and accuracy against length bucket, one line per checkpoint, baseline dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [b[0] for b in BUCKETS]
+    x = np.arange(len(labels))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    baselines: dict[tuple, str] = {}
+    for name, m in results.items():
+        for ax, key in zip(axes, ("perplexity", "accuracy")):
+            y = [m["buckets"][b][key] for b in labels]
+            ax.plot(x, [np.nan if v is None else v for v in y], marker="o", label=name)
+        base = tuple(m["buckets"][b]["baseline_perplexity"] for b in labels) + \
+            tuple(m["buckets"][b]["baseline_accuracy"] for b in labels)
+        baselines.setdefault(base, name)
+    for base, name in baselines.items():
+        if all(v is None for v in base):
+            continue
+        tag = "amino-acid baseline" + (f" ({name})" if len(baselines) > 1 else "")
+        k = len(labels)
+        for ax, ys in zip(axes, (base[:k], base[k:])):
+            ax.plot(x, [np.nan if v is None else v for v in ys], ls="--", color="gray", label=tag)
+    for ax, key in zip(axes, ("perplexity", "accuracy")):
+        ax.set_xticks(x, labels, rotation=30)
+        ax.set_xlabel("protein length (residues)")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _log_wandb(results: dict[str, dict], png: Path) -> None:
+    wandb = sys.modules.get("wandb")  # only a process that imported wandb can have a run
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return
+    data = {}
+    for name, m in results.items():
+        for k in METRIC_KEYS:
+            data[f"eval/{name}/{k}"] = m[k]
+        for b, bm in m["buckets"].items():
+            for k in ("perplexity", "accuracy"):
+                data[f"eval/{name}/{b}/{k}"] = bm[k]
+    data["eval/plot"] = wandb.Image(str(png))
+    wandb.log(data)
+
+
+def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str | Path, *,
+             names: Sequence[str] | None = None, fmt: str | None = None, max_records: int | None = None,
+             unknown: str = "error", skip_invalid: bool = False, **kwargs) -> dict[str, dict]:
+    """Evaluate one or several checkpoints on one file; write ``metrics.json``, ``metrics.csv``
+    and ``metrics.png`` into ``output_dir``. With one checkpoint ``metrics.json`` holds its
+    figures; with several it holds ``{"checkpoints": {name: figures}}`` and each also gets
+    ``output_dir/<name>/metrics.json``. ``kwargs`` go to :func:`evaluate_model`."""
+    from .tasks import load_checkpoint
+
+    paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(c) for c in ckpt]
+    if not paths:
+        raise ValueError("ckpt: no checkpoint given")
+    for p in paths:  # fail before the (slow) work on a missing file
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"checkpoint {p}: no such file")
+    labels = _unique_names(paths, names)
+    proteins = load_proteins(data_path, fmt, max_records, unknown, skip_invalid)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    for path, name in zip(paths, labels):
+        task = load_checkpoint(path)
+        m = evaluate_model(task, proteins, desc=name, **kwargs)
+        m["checkpoint"] = path
+        m["step"] = checkpoint_step(path)
+        m["data"] = str(data_path)
+        results[name] = m
+        log.info("%s: perplexity %.3f (baseline %s), accuracy %.4f on %d tokens", name, m["perplexity"],
+                 m["baseline_perplexity"], m["accuracy"], m["num_tokens"])
+    if len(results) == 1:
+        (out / "metrics.json").write_text(json.dumps(next(iter(results.values())), indent=2))
+    else:
+        (out / "metrics.json").write_text(json.dumps({"checkpoints": results}, indent=2))
+        for name, m in results.items():
+            d = out / name
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "metrics.json").write_text(json.dumps(m, indent=2))
+    write_csv(results, out / "metrics.csv")
+    plot(results, out / "metrics.png", title=Path(data_path).name)
+    _log_wandb(results, out / "metrics.png")
+    return results
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """A markdown table: overall figures and perplexity per bucket, one row per checkpoint."""
+    labels = [b[0] for b in BUCKETS]
+    head = ["model", "step", "perplexity", "accuracy", "baseline ppl", "baseline acc", "tokens"] + \
+        [f"ppl {b}" for b in labels]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v, pct=False):
+        if v is None:
+            return "–"
+        return f"{100 * v:.2f} %" if pct else f"{v:.3f}"
+    for name, m in results.items():
+        cells = [name, str(m.get("step", "")), f(m["perplexity"]), f(m["accuracy"], True),
+                 f(m["baseline_perplexity"]), f(m["baseline_accuracy"], True), str(m["num_tokens"])]
+        cells += [f(m["buckets"][b]["perplexity"]) for b in labels]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
