@@ -353,6 +353,9 @@ def load_generator(ckpt: str, device="cpu"):
         raise GenerationError(str(e)) from e
     except ValueError as e:
         raise GenerationError(str(e).splitlines()[0]) from e
+    except Exception as e:  # not a checkpoint at all (unpickling, zip, ...): one line, not a traceback
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise GenerationError(f"checkpoint {ckpt}: cannot load ({type(e).__name__}: {first})") from e
     if task.hparams.objective != "clm" or not task.model.causal:
         raise GenerationError(f"checkpoint {ckpt}: trained with objective={task.hparams.objective}; "
                               "generation needs a causal model (objective=clm)")
