@@ -1,0 +1,136 @@
+"""Probe: recovers a planted signal, scores chance on shuffled labels, composition by hand,
+task detection, id / sequence matching, the three evaluation protocols."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from protein_performer.embed import sequence_id
+from protein_performer.probe import composition, detect_task, load_embeddings, read_labels, run_probe
+
+ROOT = Path(__file__).parent.parent
+AA = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
+
+
+def write_h5(path, ids, X, layers=None):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+        if layers is None:
+            f["mean"] = X.astype(np.float32)
+        else:
+            for layer, x in zip(layers, X):
+                f[f"mean/{layer}"] = x.astype(np.float32)
+
+
+def planted(n=240, d=8, seed=0, noise=0.3):
+    """Binary labels carried by embedding dimension 0 (and nothing in the sequences)."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.35).astype(int)
+    X = rng.normal(size=(n, d))
+    X[:, 0] += 2.5 * (2 * y - 1) * (1 + noise * rng.normal(size=n))
+    seqs = ["".join(rng.choice(AA, rng.integers(30, 60))) for _ in range(n)]
+    return X, y, seqs
+
+
+def write_labels(path, rows, header):
+    path.write_text(",".join(header) + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+
+
+def test_planted_signal_is_found_and_shuffled_labels_give_chance(tmp_path):
+    X, y, seqs = planted()
+    ids = [sequence_id(s) for s in seqs]
+    write_h5(tmp_path / "e.h5", ids, X)
+    write_labels(tmp_path / "l.csv", zip(seqs, y), ["seq", "label"])
+    r = run_probe(str(tmp_path / "e.h5"), str(tmp_path / "l.csv"), folds=3)
+    assert r["task"] == "classification" and r["protocol"] == "3-fold cross-validation"
+    assert r["n_train"] == 240 and r["missing_embeddings"] == 0
+    majority = 1 - y.mean()
+    assert r["chance"]["accuracy"] == pytest.approx(majority)
+    assert r["embedding"]["accuracy"] > 0.93 and r["embedding"]["macro_f1"] > 0.9
+    # random sequences carry no signal: composition and shuffled labels sit near chance
+    for name in ("composition", "shuffled_labels"):
+        assert abs(r[name]["accuracy"] - majority) < 0.08, (name, r[name])
+        assert r[name]["macro_f1"] < 0.6
+
+
+def test_regression_spearman_and_split_column(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 200
+    X = rng.normal(size=(n, 6))
+    target = X[:, 2] * 1.5 + 0.2 * rng.normal(size=n)
+    ids = [f"p{i}" for i in range(n)]
+    write_h5(tmp_path / "e.h5", ids, X)
+    split = ["test" if i % 4 == 0 else "train" for i in range(n)]
+    write_labels(tmp_path / "l.csv", zip(ids, [f"{t:.4f}" for t in target], split), ["id", "label", "split"])
+    r = run_probe(str(tmp_path / "e.h5"), str(tmp_path / "l.csv"), shuffle_control=True)
+    assert r["task"] == "regression" and r["protocol"] == "split column"
+    assert (r["n_train"], r["n_test"]) == (150, 50)
+    assert r["embedding"]["spearman"] > 0.95 and r["embedding"]["r2"] > 0.9
+    assert abs(r["shuffled_labels"]["spearman"]) < 0.35
+    assert r["composition"] == {"skipped": "labels have no seq column"}
+
+
+def test_test_file_layers_and_missing_rows(tmp_path):
+    X, y, seqs = planted(n=200, seed=2)
+    ids = [f"id{i}" for i in range(200)]
+    # two layers: only layer 3 carries the signal
+    noise = np.random.default_rng(5).normal(size=X.shape)
+    write_h5(tmp_path / "e.h5", ids[:190], [noise[:190], X[:190]], layers=[0, 3])
+    write_labels(tmp_path / "train.csv", zip(ids[:150], y[:150]), ["id", "label"])
+    write_labels(tmp_path / "test.csv", zip(ids[150:], y[150:]), ["id", "label"])
+    with pytest.raises(ValueError, match="holds layers"):
+        run_probe(str(tmp_path / "e.h5"), str(tmp_path / "train.csv"))
+    r = run_probe(str(tmp_path / "e.h5"), str(tmp_path / "train.csv"), str(tmp_path / "test.csv"), layer=3,
+                  shuffle_control=False)
+    assert r["protocol"] == "test file" and (r["n_train"], r["n_test"]) == (150, 40)
+    assert r["missing_embeddings"] == 10  # ids 190..199 have no embedding: counted, not fatal
+    assert r["embedding"]["accuracy"] > 0.9 and "C" in r["embedding"]
+    r0 = run_probe(str(tmp_path / "e.h5"), str(tmp_path / "train.csv"), str(tmp_path / "test.csv"), layer=0,
+                   shuffle_control=False)
+    assert r0["embedding"]["accuracy"] < r["embedding"]["accuracy"] - 0.15
+
+
+def test_composition_by_hand():
+    c = composition(["AAC", "wy", "AXB"])
+    assert c.shape == (3, 20)
+    assert c[0, 0] == pytest.approx(2 / 3) and c[0, 1] == pytest.approx(1 / 3) and c[0, 2:].sum() == 0
+    assert c[1, -2] == pytest.approx(0.5) and c[1, -1] == pytest.approx(0.5)  # W, Y (lowercase ok)
+    assert c[2].sum() == pytest.approx(1 / 3)  # X and B count in the length only
+
+
+def test_detect_task():
+    assert detect_task(["a", "b", "c"]) == "classification"
+    assert detect_task(["0", "1", "1"]) == "classification"
+    assert detect_task(["0.5", "1.25", "3"]) == "regression"
+    assert detect_task([str(i) for i in range(50)]) == "regression"
+
+
+def test_read_labels_errors_and_skips(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text("name,label\nA,1\n")
+    with pytest.raises(ValueError, match=r"x.csv:1: .*'id' or 'seq'"):
+        read_labels(p)
+    p.write_text("seq,label\nMKT,1\nMKV,\nACD,0\n")
+    t = read_labels(p)
+    assert t.ids == [sequence_id("MKT"), sequence_id("ACD")] and t.skipped == {"empty": 1}
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        load_embeddings(tmp_path / "nope.csv")
+
+
+def test_cli_writes_json(tmp_path):
+    X, y, seqs = planted(n=120, seed=3)
+    write_h5(tmp_path / "e.h5", [sequence_id(s) for s in seqs], X)
+    write_labels(tmp_path / "l.csv", zip(y, seqs), ["label", "seq"])
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "probe.py"), f"embeddings={tmp_path / 'e.h5'}",
+                        f"labels={tmp_path / 'l.csv'}", f"output={tmp_path / 'r.json'}", "folds=3",
+                        "shuffle_control=false"],
+                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["embedding"]["accuracy"] > 0.9 and "composition" in res
+    assert "embedding " in r.stdout
