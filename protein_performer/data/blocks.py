@@ -152,6 +152,7 @@ class BlockResult:
     lengths: np.ndarray           # int64, residues per record (eos not counted)
     hashes: np.ndarray            # uint64, xxh3 of the record's token ids (for de-duplication)
     splits: np.ndarray            # uint8 index into SPLITS
+    records: np.ndarray           # int64, index of each record in the block (file order)
     read: np.ndarray              # int64[3], records read per split
     invalid: np.ndarray           # int64[3], invalid records per split
     newlines: int                 # newline count of the block
@@ -333,5 +334,5 @@ def tokenize_block(buf: bytes, fmt: str, *, tokenizer: Tokenizer = Tokenizer(), 
     if reasons:
         k = locate()[3]
         why = [(int(k[i]), ids[i].decode("latin-1"), w) for i, w in sorted(reasons.items())][:MAX_REASONS]
-    return BlockResult(tokens=tokens, lengths=lens[order], hashes=hashes, splits=codes[order], read=read,
+    return BlockResult(tokens=tokens, lengths=lens[order], hashes=hashes, splits=codes[order], records=order, read=read,
                        invalid=inv, newlines=buf.count(b"\n"), nbytes=len(buf), reasons=why)

@@ -251,7 +251,10 @@ def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, wri
             state.invalid_examples.append(text)
     if on_invalid == "error" and res.invalid.sum():
         raise ParseError(f"{src}: invalid record after line {state.newlines}")
-    is_new = seen.add(res.hashes) if seen is not None else np.ones(len(res.hashes), dtype=bool)
+    is_new = np.ones(len(res.hashes), dtype=bool)
+    if seen is not None:  # the first occurrence in file order is kept, whatever its split
+        in_file_order = np.argsort(res.records, kind="stable")
+        is_new[in_file_order] = seen.add(res.hashes[in_file_order])
     bounds = np.searchsorted(res.splits, np.arange(len(SPLITS) + 1))
     tok_off = np.concatenate(([0], np.cumsum(res.lengths + 1)))
     for si, s in enumerate(SPLITS):
