@@ -1,0 +1,303 @@
+"""Benchmark autoregressive decoding: time per token and memory against position.
+
+Three ways to get the next token at position p (batch 1, the small default model of
+conf/model/performer.yaml: dim 128, depth 4, heads 4, 128 random features):
+
+* rnn    -- FAVOR+ (kernel=softmax) in RNN mode: ``PerformerLM.step`` + sampling, carrying
+            (S, Z) per layer and head. Measured by really generating ``--max-pos`` tokens
+            and timing every step; the figure at p is the median over the steps in a
+            window of ``--window`` steps centred on p.
+* naive  -- re-running the prefix: one parallel causal forward over the p tokens (the same
+            FAVOR+ model), as performer-pytorch's generate does for every token. Measured at
+            the sampled positions only (median of ``--repeats`` forwards).
+* kv     -- exact softmax attention with a KV cache (kernel=exact, same dimensions). The
+            cache is filled with p-1 random keys/values (cost depends on shapes only), then
+            the median of ``--kv-steps`` decoding steps is taken.
+
+Memory: "state" is the exact number of bytes carried from one token to the next (S, Z;
+the KV cache; for naive, the p token ids). "peak RSS" (with ``--rss``) is measured in a fresh
+child process per (mode, position): the growth of the process's peak resident memory
+while doing one token's work at position p, above what the process held after building
+the model; it includes allocator and page granularity (~0.1-1 MiB noise).
+
+    flock /tmp/heavy.lock nice python scripts/benchmark_generation.py --rss
+writes docs/generation.md (table) and docs/generation.png (plot).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from protein_performer.generate import sample_next  # noqa: E402
+from protein_performer.model import PerformerLM  # noqa: E402
+from protein_performer.tokenizer import Tokenizer  # noqa: E402
+
+TOK = Tokenizer()
+POSITIONS = [1, 16, 64, 256, 1024, 4096, 16384]
+
+
+def build(kernel: str, args) -> PerformerLM:
+    torch.manual_seed(0)
+    model = PerformerLM(TOK.vocab_size, dim=args.dim, depth=args.depth, heads=args.heads, causal=True,
+                        dropout=0.0, attention=dict(kernel=kernel, nb_features=args.nb_features,
+                                                    chunk_size=128, redraw_interval=0))
+    return model.eval()
+
+
+def state_bytes(state) -> int:
+    return sum(t.numel() * t.element_size() for layer in state["layers"] for t in layer.values()
+               if isinstance(t, torch.Tensor))
+
+
+def kv_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
+    """A KV cache holding p-1 positions (random values: the step's cost depends on shapes only)."""
+    state = model.init_state(batch)
+    layers = []
+    for s in state["layers"]:
+        B, H, _, dh = s["k"].shape
+        layers.append({"pos": p - 1, "k": torch.randn(B, H, p - 1, dh), "v": torch.randn(B, H, p - 1, dh)})
+    return {"pos": p - 1, "layers": layers}
+
+
+def rnn_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
+    """An (S, Z) state at position p-1 (same shapes as at any position)."""
+    state = model.init_state(batch)
+    for s in state["layers"]:
+        s["pos"] = p - 1
+        s["S"].uniform_(0, 1)
+        s["Z"].uniform_(1, 2)
+    state["pos"] = p - 1
+    return state
+
+
+def one_step(model, token, state, gen):
+    logits, state = model.step(token, state)
+    return sample_next(logits, 1.0, 0, 1.0, gen), state
+
+
+@torch.no_grad()
+def bench_rnn(args) -> tuple[dict, list[float]]:
+    model = build("softmax", args)
+    gen = torch.Generator().manual_seed(0)
+    token = torch.tensor([TOK.cls_id])
+    state = model.init_state(1)
+    for _ in range(20):  # warm-up on a throwaway state
+        one_step(model, token, model.init_state(1), gen)
+    times = []
+    for _ in range(args.max_pos):
+        t0 = time.perf_counter()
+        token, state = one_step(model, token, state, gen)
+        times.append(time.perf_counter() - t0)
+    half = args.window // 2
+    out = {}
+    for p in args.positions:
+        lo, hi = max(0, p - 1 - half), min(len(times), p - 1 + half + 1)
+        out[p] = {"time": statistics.median(times[lo:hi]), "state": state_bytes(state)}
+    return out, times
+
+
+@torch.no_grad()
+def bench_kv(args) -> dict:
+    model = build("exact", args)
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for p in args.positions:
+        token = torch.tensor([TOK.aa_offset])
+        state = kv_state_at(model, p)
+        one_step(model, token, state, gen)  # warm-up at this size (state discarded)
+        ts = []
+        for _ in range(args.kv_steps):
+            t0 = time.perf_counter()
+            token, state = one_step(model, token, state, gen)
+            ts.append(time.perf_counter() - t0)
+        out[p] = {"time": statistics.median(ts), "state": state_bytes(kv_state_at(model, p + 1))}
+    return out
+
+
+@torch.no_grad()
+def bench_naive(args) -> dict:
+    model = build("softmax", args)
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for p in args.positions:
+        tokens = torch.randint(TOK.aa_offset, TOK.vocab_size, (1, p), generator=gen)
+        model(tokens[:, : min(p, 64)])  # warm-up
+        ts = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            logits = model(tokens)[:, -1]
+            sample_next(logits, 1.0, 0, 1.0, gen)
+            ts.append(time.perf_counter() - t0)
+        out[p] = {"time": statistics.median(ts), "state": p * 8}
+    return out
+
+
+# --- peak memory in a child process --------------------------------------------------------------------
+def _maxrss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if platform.system() == "Darwin" else r * 1024
+
+
+@torch.no_grad()
+def child(mode: str, p: int, args) -> None:
+    model = build("exact" if mode == "kv" else "softmax", args)
+    gen = torch.Generator().manual_seed(0)
+    token = torch.tensor([TOK.aa_offset])
+    if mode == "naive":
+        tokens = torch.randint(TOK.aa_offset, TOK.vocab_size, (1, p), generator=gen)
+        model(tokens[:, :1])
+        base = _maxrss_bytes()
+        sample_next(model(tokens)[:, -1], 1.0, 0, 1.0, gen)
+    else:
+        make = kv_state_at if mode == "kv" else rnn_state_at
+        state = make(model, p)
+        one_step(model, token, make(model, 1), gen)          # warm-up, smallest state
+        base = _maxrss_bytes() - state_bytes(state)         # the state itself counts as this token's memory
+        one_step(model, token, state, gen)
+    print(json.dumps({"peak": _maxrss_bytes() - base}))
+
+
+def measure_rss(args) -> dict:
+    out = {}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    for mode in ("rnn", "naive", "kv"):
+        for p in args.positions:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, str(p), "--threads", str(args.threads),
+                   "--dim", str(args.dim), "--depth", str(args.depth), "--heads", str(args.heads),
+                   "--nb-features", str(args.nb_features)]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+            out[(mode, p)] = json.loads(r.stdout.strip().splitlines()[-1])["peak"]
+            print(f"  peak RSS {mode:5s} p={p:6d}: {out[(mode, p)] / 2**20:8.2f} MiB", flush=True)
+    return out
+
+
+# --- report ------------------------------------------------------------------------------------------------
+def mib(b: float) -> str:
+    return f"{b / 2**20:.3f}" if b < 2**20 else f"{b / 2**20:.1f}"
+
+
+def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
+    P = args.positions
+    ratio = rnn[P[-1]]["time"] / rnn[16]["time"] if 16 in rnn else float("nan")
+    lines = ["# Generation: time and memory per token against position", "",
+             "Produced by `scripts/benchmark_generation.py`; regenerate with", "", "```", cmd, "```", "",
+             f"Model: PerformerLM dim={args.dim}, depth={args.depth}, heads={args.heads}, "
+             f"nb_features={args.nb_features} (the defaults of `conf/model/performer.yaml`), causal, eval, fp32, "
+             f"batch 1, CPU, torch {torch.__version__}, {args.threads} thread(s). "
+             "Time per token includes sampling the next token.", "",
+             "* **rnn**: FAVOR+ model decoded in RNN mode (`PerformerLM.step`), one real run of "
+             f"{args.max_pos} tokens timing every step; median over a window of {args.window} steps around p.",
+             "* **naive**: re-running the prefix — one parallel causal forward over p tokens (same FAVOR+ model), "
+             f"median of {args.repeats}; measured at these positions only.",
+             "* **kv**: exact-softmax model with a KV cache holding p-1 positions, median of "
+             f"{args.kv_steps} decoding steps.",
+             "* **state**: bytes carried from one token to the next (exact; for naive, the token ids). "
+             "**peak**: growth of the peak resident memory of a fresh process doing that one token's work "
+             "(state included), MiB (page/allocator granularity, ~0.1-1 MiB noise).", "",
+             "| position | rnn ms/tok | rnn tok/s | naive ms/tok | naive tok/s | kv ms/tok | kv tok/s | "
+             "naive / rnn | kv / rnn | rnn state MiB | kv state MiB | rnn peak MiB | naive peak MiB | kv peak MiB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in P:
+        r, n, k = rnn[p]["time"], naive[p]["time"], kv[p]["time"]
+        peak = [mib(rss[(m, p)]) if rss else "-" for m in ("rnn", "naive", "kv")]
+        lines.append(f"| {p} | {r * 1e3:.3f} | {1 / r:.0f} | {n * 1e3:.3f} | {1 / n:.1f} | {k * 1e3:.3f} | "
+                     f"{1 / k:.0f} | {n / r:.1f}x | {k / r:.2f}x | {mib(rnn[p]['state'])} | {mib(kv[p]['state'])} | "
+                     + " | ".join(peak) + " |")
+    overall = statistics.median(rnn_times)
+    lines += ["", f"**RNN mode, time per token at position {P[-1]} / at position 16: {ratio:.2f}x** "
+              f"(done when <= 1.5x). Median over all {len(rnn_times)} RNN steps: {overall * 1e3:.3f} ms/token "
+              f"({1 / overall:.0f} tokens/s); first half {statistics.median(rnn_times[:len(rnn_times) // 2]) * 1e3:.3f} "
+              f"ms, second half {statistics.median(rnn_times[len(rnn_times) // 2:]) * 1e3:.3f} ms.",
+              f"At position {P[-1]}, re-running the prefix costs {naive[P[-1]]['time'] / rnn[P[-1]]['time']:.0f}x "
+              f"the RNN step and the KV cache {kv[P[-1]]['time'] / rnn[P[-1]]['time']:.1f}x; the KV cache holds "
+              f"{mib(kv[P[-1]]['state'])} MiB against the RNN's constant {mib(rnn[P[-1]]['state'])} MiB.", "",
+              "Caveat: timings come from a shared machine (other jobs running); the RNN figures are medians of "
+              "windows so that single slow steps do not move them.", "",
+              "![time and memory per token against position](generation.png)", ""]
+    text = "\n".join(lines)
+    os.makedirs(os.path.dirname(args.out_md), exist_ok=True)
+    with open(args.out_md, "w") as f:
+        f.write(text)
+    plot(args, rnn, naive, kv, rss, rnn_times)
+    return text
+
+
+def plot(args, rnn, naive, kv, rss, rnn_times) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    P = args.positions
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    steps = list(range(1, len(rnn_times) + 1))
+    ax.plot(steps, [t * 1e3 for t in rnn_times], ",", color="tab:blue", alpha=0.25)
+    ax.plot(P, [rnn[p]["time"] * 1e3 for p in P], "o-", color="tab:blue", label="RNN mode (FAVOR+), median")
+    ax.plot(P, [naive[p]["time"] * 1e3 for p in P], "s-", color="tab:red", label="re-run prefix (FAVOR+)")
+    ax.plot(P, [kv[p]["time"] * 1e3 for p in P], "^-", color="tab:green", label="KV cache (exact softmax)")
+    ax.set(xscale="log", yscale="log", xlabel="position", ylabel="ms per token", title="time per token")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax = axes[1]
+    ax.plot(P, [rnn[p]["state"] / 2**20 for p in P], "o-", color="tab:blue", label="RNN state (S, Z)")
+    ax.plot(P, [kv[p]["state"] / 2**20 for p in P], "^-", color="tab:green", label="KV cache")
+    if rss:
+        for m, c, mk in (("rnn", "tab:blue", "o"), ("naive", "tab:red", "s"), ("kv", "tab:green", "^")):
+            ax.plot(P, [max(rss[(m, p)], 1) / 2**20 for p in P], mk + "--", color=c, alpha=0.6,
+                    label=f"{m}: peak RSS growth")
+    ax.set(xscale="log", yscale="log", xlabel="position", ylabel="MiB", title="memory per token")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out_png, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--nb-features", type=int, default=128)
+    ap.add_argument("--positions", type=int, nargs="+", default=POSITIONS)
+    ap.add_argument("--window", type=int, default=33, help="RNN steps per median window")
+    ap.add_argument("--repeats", type=int, default=3, help="forwards per naive measurement")
+    ap.add_argument("--kv-steps", type=int, default=9, help="steps per KV-cache measurement")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rss", action="store_true", help="also measure peak RSS in child processes")
+    ap.add_argument("--out-md", default=os.path.join(REPO, "docs", "generation.md"))
+    ap.add_argument("--out-png", default=os.path.join(REPO, "docs", "generation.png"))
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "POS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:
+        child(args.child[0], int(args.child[1]), args)
+        return
+    args.positions = sorted(set(args.positions))
+    args.max_pos = args.positions[-1]
+    cmd = "flock /tmp/heavy.lock nice python scripts/benchmark_generation.py" + " ".join(
+        [""] + [a for a in sys.argv[1:]])
+    t0 = time.time()
+    print(f"rnn: generating {args.max_pos} tokens ...", flush=True)
+    rnn, rnn_times = bench_rnn(args)
+    print(f"  {time.time() - t0:.0f}s; naive ...", flush=True)
+    naive = bench_naive(args)
+    print(f"  {time.time() - t0:.0f}s; kv ...", flush=True)
+    kv = bench_kv(args)
+    rss = measure_rss(args) if args.rss else None
+    print(write_report(args, rnn, naive, kv, rss, rnn_times, cmd))
+    print(f"\nwrote {args.out_md} and {args.out_png} in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
