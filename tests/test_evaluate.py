@@ -228,3 +228,50 @@ def test_cli(tmp_path):
     assert out.returncode != 0 and out.stderr.strip().splitlines()[-1] == f"error: checkpoint {tmp_path / 'nope.ckpt'}: no such file"
     out = _cli([f"ckpt={ckpt}", f"data.path={fasta}", "windw=5"], tmp_path)
     assert out.returncode != 0 and "windw" in out.stderr
+
+
+def test_logs_to_wandb_only_when_a_run_is_active(tmp_path):
+    wandb = pytest.importorskip("wandb")
+    fasta = tmp_path / "x.fasta"
+    fasta.write_text(">a\nAACD\n")
+    ckpt = save(constant_model("clm"), tmp_path / "m.ckpt")
+    evaluate(ckpt, fasta, tmp_path / "no_run", progress=False)  # no run: nothing to log to, no error
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="test-evaluate")
+    try:
+        evaluate(ckpt, fasta, tmp_path / "with_run", progress=False)
+        assert run.summary["eval/m/perplexity"] == pytest.approx(2 ** 1.5, rel=1e-6)
+        assert run.summary["eval/m/<=256/accuracy"] == 0.5
+    finally:
+        wandb.finish()
+
+
+def test_compare_trains_evaluates_and_writes_the_table(tmp_path):
+    from protein_performer.evaluate import GENERATED_END, compare
+    small = tmp_path / "train.fasta"
+    from protein_performer.io import read_records
+    with open(small, "w") as f:
+        for i, r in enumerate(read_records(ROOT / "data/sample/swissprot_sample_20k.fasta.gz")):
+            if i == 300:
+                break
+            f.write(f">{r.id}\n{r.sequence}\n")
+    overrides = [f"data.path={small}", "data.max_len=64", "data.batch_size=8", "data.valid_fraction=0.1",
+                 "model.dim=32", "model.depth=1", "model.heads=2", "model.attention.nb_features=16",
+                 "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.enable_progress_bar=false",
+                 "logger=none", "seed=0"]
+    doc = tmp_path / "docs" / "comparison.md"
+    doc.parent.mkdir()
+    doc.write_text("old\n" + GENERATED_END + "\nhand-written notes\n")
+    heldout = ROOT / "data/heldout/uniprotkb_mix_heldout_2k.fasta.gz"
+    res = compare(["performer", "transformer"], overrides, heldout, tmp_path / "out", doc=doc, max_records=12,
+                  progress=False, window=256, stride=128)
+    assert set(res) == {"performer", "transformer"}
+    assert res["performer"]["step"] == res["transformer"]["step"] == 4
+    assert res["performer"]["evaluation"]["full_length"]
+    assert res["transformer"]["evaluation"]["window"] == 256 and not res["transformer"]["evaluation"]["full_length"]
+    assert res["performer"]["num_tokens"] == res["transformer"]["num_tokens"]  # same masks, same positions
+    text = doc.read_text()
+    assert "| performer | softmax | 4 |" in text and "(reference)" in text and "hand-written notes" in text
+    assert "old" not in text.split(GENERATED_END)[0] and (doc.parent / "comparison.png").is_file()
+    stamp = (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime
+    compare(["performer", "transformer"], overrides, heldout, tmp_path / "out", max_records=12, progress=False)
+    assert (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime == stamp  # reused

@@ -1,0 +1,29 @@
+"""Performer kernels against exact softmax at equal steps: python scripts/compare.py [train.trainer.max_steps=...]"""
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from protein_performer.evaluate import compare, flatten_overrides, format_table, perplexity_gaps
+from protein_performer.io import ParseError
+
+
+@hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    overrides = flatten_overrides(OmegaConf.to_container(cfg.train, resolve=True))
+    command = "python scripts/compare.py " + " ".join(sys.argv[1:])
+    try:
+        results = compare(list(cfg.models), overrides, cfg.heldout.path, cfg.output_dir, doc=cfg.doc,
+                          reuse=cfg.reuse, command=command.strip(), exact_name=cfg.exact,
+                          max_records=cfg.heldout.max_records, **OmegaConf.to_container(cfg.eval, resolve=True))
+    except (FileNotFoundError, ParseError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(format_table(results))
+    for name, gap in perplexity_gaps(results, cfg.exact).items():
+        print(f"{name}: perplexity {100 * gap:+.2f} % against {cfg.exact}")
+    if cfg.doc:
+        print(f"wrote {cfg.doc}")
+
+
+if __name__ == "__main__":
+    main()
