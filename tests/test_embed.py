@@ -199,14 +199,16 @@ def test_resume_after_interruption_matches_a_fresh_run(ckpt, records, tmp_path, 
     # first run over the first 6 records, then the whole file
     _write_fasta(tmp_path / "head.fasta", records[:6])
     E.embed_file(ckpt, tmp_path / "head.fasta", out, per_residue=True, progress=False, sort_window=4)
-    # a run that dies after its first window of 4: OUT stays the finished 6-record file
+    # a run that dies in its second window of 4 new records, after their per-residue
+    # arrays but before their rows: OUT stays the finished 6-record file
     calls = {"n": 0}
     orig = E.H5Writer.append_rows
 
     def dying(self, rows):
-        orig(self, rows)
         calls["n"] += 1
-        raise KeyboardInterrupt
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        orig(self, rows)
 
     monkeypatch.setattr(E.H5Writer, "append_rows", dying)
     with pytest.raises(KeyboardInterrupt):
@@ -214,6 +216,8 @@ def test_resume_after_interruption_matches_a_fresh_run(ckpt, records, tmp_path, 
     assert (tmp_path / "out.h5.partial").exists()
     with h5py.File(out) as f:
         assert f["ids"].shape == (6,)
+    with h5py.File(tmp_path / "out.h5.partial") as f:  # 10 rows, plus 4 orphaned per-residue arrays
+        assert f["ids"].shape == (10,) and len(f["per_residue"]) == 14
     monkeypatch.setattr(E.H5Writer, "append_rows", orig)
     s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False, sort_window=4)
     assert s["already_done"] == 10 and s["embedded"] == len(records) - 10
