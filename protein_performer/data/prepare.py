@@ -11,6 +11,7 @@ committed shards' hashes, and produces byte-identical shards. Results are cached
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -161,6 +162,29 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
     if (out / MANIFEST).is_file():
         log.info("%s: already prepared in %s", source, out)
         return out
+    out.mkdir(parents=True, exist_ok=True)
+    with file_lock(out.with_name(out.name + ".lock")):  # DDP ranks / parallel jobs: one prepares
+        if (out / MANIFEST).is_file():
+            return out
+        return _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup,
+                        workers, block_size, blocks_per_part, max_parts, progress)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive lock held while the block runs (fcntl; released if the process dies)."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup, workers,
+             block_size, blocks_per_part, max_parts, progress) -> Path:
     (out / "parts").mkdir(parents=True, exist_ok=True)
     info_path = out / "params.json"
     info = {"source_sha256": sha, "params": params}

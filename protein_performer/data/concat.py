@@ -1,0 +1,35 @@
+"""Concatenated mode (the Performer paper's TrEMBL-concat): proteins joined by <eos>
+(as the shards store them) and cut into non-overlapping windows of ``window`` tokens.
+
+Windows never cross a shard boundary; a shard's last, shorter window is kept (and
+padded in its batch) so no protein is dropped. Items are plain slices of the mapped
+token stream, so reading one costs a copy of ``window`` bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .shards import SplitShards
+
+
+class ConcatWindows(Dataset):
+    def __init__(self, shards: SplitShards, window: int = 8192):
+        if window < 2:
+            raise ValueError(f"window must be at least 2 tokens, got {window}")
+        self.shards, self.window = shards, window
+        totals = np.array([s["tokens"] for s in shards.shards], dtype=np.int64)
+        counts = -(-totals // window)
+        self.starts = np.concatenate(([0], np.cumsum(counts)))
+        self.lengths = np.full(int(self.starts[-1]), window, dtype=np.int64)
+        tails = totals - (counts - 1) * window
+        self.lengths[self.starts[1:] - 1] = tails
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        j = int(np.searchsorted(self.starts, i, side="right")) - 1
+        a = (i - int(self.starts[j])) * self.window
+        return torch.from_numpy(self.shards.tokens(j)[a:a + self.window].astype(np.int64))

@@ -1,0 +1,20 @@
+"""Download and prepare a data set into token shards: python scripts/prepare_data.py data=trembl"""
+import hydra
+from omegaconf import DictConfig
+
+from protein_performer.data.shards import PreparedData
+
+
+@hydra.main(config_path="../conf", config_name="prepare_data", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    datamodule = hydra.utils.instantiate(cfg.data)
+    if not hasattr(datamodule, "source_file"):
+        raise SystemExit(f"data={cfg.data._target_} reads its file in memory; nothing to prepare")
+    datamodule.prepare_data()
+    m = PreparedData(datamodule._prepared_dir).manifest
+    print(f"{m['records_read']:,} read = {m['kept']:,} kept + {m['duplicates']:,} duplicates + "
+          f"{m['invalid']:,} invalid; {m['tokens']:,} tokens\nprepared data: {datamodule._prepared_dir}")
+
+
+if __name__ == "__main__":
+    main()
