@@ -8,7 +8,6 @@ import torch
 from protein_performer.attention import (KERNELS, Attention, CausalLinearProduct, FavorPlus, FavorPlusPlus,
                                          build_feature_map, linear_attention, linear_attention_step,
                                          init_linear_state, softmax_attention_sdpa)
-from protein_performer.attention import linear as lin
 from protein_performer.attention.naive import (naive_linear_attention, naive_recurrent_linear_attention,
                                                softmax_attention)
 
@@ -58,17 +57,15 @@ def test_causal_matches_loop_recurrence():
                                naive_recurrent_linear_attention(q, k, v), rtol=1e-10, atol=1e-12)
 
 
-def test_multiple_groups_of_chunks(monkeypatch):
-    monkeypatch.setattr(lin, "GROUP_POSITIONS", 8)  # groups of 2 chunks of 4 -> many groups
+def test_many_chunks_and_padded_tail():
     q, k, v = _positive(2, 2, 45, 6, seed=7), _positive(2, 2, 45, 6, seed=8), _normal(2, 2, 45, 4, seed=9)
-    torch.testing.assert_close(linear_attention(q, k, v, causal=True, chunk_size=4),
-                               naive_linear_attention(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
+    for chunk in (1, 2, 4, 44, 45, 46):
+        torch.testing.assert_close(linear_attention(q, k, v, causal=True, chunk_size=chunk),
+                                   naive_linear_attention(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("L,chunk,group", [(1, 4, 4096), (12, 4, 4096), (13, 4, 4096), (13, 5, 4096),
-                                           (6, 16, 4096), (23, 3, 6)])
-def test_causal_product_gradcheck(monkeypatch, L, chunk, group):
-    monkeypatch.setattr(lin, "GROUP_POSITIONS", group)
+@pytest.mark.parametrize("L,chunk", [(1, 4), (12, 4), (13, 4), (13, 5), (6, 16), (23, 3)])
+def test_causal_product_gradcheck(L, chunk):
     q = _positive(2, L, 3, seed=10).requires_grad_()
     k = _positive(2, L, 3, seed=11).requires_grad_()
     v = _normal(2, L, 2, seed=12).requires_grad_()

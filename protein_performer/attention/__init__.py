@@ -6,12 +6,13 @@ Public API:
     causal_product / CausalLinearProduct           chunked causal product with its own backward
     softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
     Attention(dim, heads, kernel="softmax", ...)   the module the model uses
+    kernel_attention(feature_map, q, k, v, ...)    raw q, k -> features -> attention
     FavorPlus, FavorPlusPlus, TrigFeatures, ReluFeatures, EluFeatures, build_feature_map
     naive.*                                        quadratic references (tests only)
 """
 from .feature_maps import (KERNELS, EluFeatures, FavorPlus, FavorPlusPlus, FeatureMap, ReluFeatures,
                            TrigFeatures, build_feature_map, gaussian_random_matrix, oprf_A, oprf_rho)
-from .layer import Attention, projection_seed
+from .layer import Attention, kernel_attention, projection_seed
 from .linear import (CausalLinearProduct, causal_product, init_linear_state, linear_attention,
                      linear_attention_step)
 from .rotary import RotaryEmbedding
@@ -21,5 +22,5 @@ __all__ = [
     "Attention", "linear_attention", "linear_attention_step", "init_linear_state", "causal_product",
     "CausalLinearProduct", "softmax_attention_sdpa", "RotaryEmbedding", "KERNELS", "FeatureMap",
     "FavorPlus", "FavorPlusPlus", "TrigFeatures", "ReluFeatures", "EluFeatures", "build_feature_map",
-    "gaussian_random_matrix", "oprf_A", "oprf_rho", "projection_seed",
+    "gaussian_random_matrix", "oprf_A", "oprf_rho", "projection_seed", "kernel_attention",
 ]

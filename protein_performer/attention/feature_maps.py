@@ -117,6 +117,10 @@ class FeatureMap(nn.Module):
     def redraw(self, generator: torch.Generator) -> None:
         """Draw a new projection from ``generator`` (CPU); no-op for deterministic maps."""
 
+    def normalizer_floor(self, k: torch.Tensor, causal: bool, key_padding_mask: torch.Tensor | None = None):
+        """Optional per-query lower clamp of the normalizer (tensor (B, H, L or 1, 1)); None = eps."""
+        return None
+
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         raise NotImplementedError
 
@@ -151,10 +155,6 @@ class FavorPlus(_Projected):
     def num_features(self) -> int:
         return self.nb_rows
 
-    def _exponent(self, x: torch.Tensor) -> torch.Tensor:
-        x = x * self.head_dim ** -0.25
-        return self._project(x) - 0.5 * (x * x).sum(-1, keepdim=True)
-
     def _key_bound(self, dtype) -> torch.Tensor:
         w = self.projection.to(dtype)
         return 0.5 * (w * w).sum(-1).max()
@@ -162,14 +162,27 @@ class FavorPlus(_Projected):
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x = x.to(_compute_dtype(x))
-            u = self._exponent(x)
+            s2 = self.head_dim ** -0.5                                   # (d^-1/4)^2
+            w = self.projection.to(x.dtype) * self.head_dim ** -0.25    # data scaling folded into W
+            half_sq = (0.5 * s2) * (x * x).sum(-1, keepdim=True)       # |x d^-1/4|^2 / 2
             if not stabilize:
-                return torch.exp(u) / math.sqrt(self.num_features)
-            if is_query:
-                u = u - u.amax(-1, keepdim=True).detach()
-            else:
-                u = u - self._key_bound(u.dtype)
-            return torch.exp(u)
+                return torch.exp(x @ w.T - half_sq) / math.sqrt(self.num_features)
+            if is_query:  # exp(w.x - |x|^2/2 - rowmax) = exp(w.x - max_i w_i.x): |x|^2/2 cancels
+                u = x @ w.T
+                with torch.no_grad():
+                    m = u.amax(-1, keepdim=True)
+                return u.sub_(m).exp_()
+            return _fused_exp(x, w, half_sq + self._key_bound(x.dtype))
+
+
+def _fused_exp(x: torch.Tensor, w: torch.Tensor, row_offset: torch.Tensor) -> torch.Tensor:
+    """exp(x @ w^T - row_offset) with one matmul (bias folded in) and an in-place exp.
+    x (..., L, d), w (m, d) or (H, m, d) for x (B, H, L, d); row_offset (..., L, 1)."""
+    if w.dim() == 2:
+        shape = x.shape[:-1] + (w.shape[0],)
+        u = torch.addmm(-row_offset.reshape(-1, 1), x.reshape(-1, x.shape[-1]), w.T)
+        return u.exp_().view(shape)
+    return torch.matmul(x, w.transpose(-1, -2)).sub_(row_offset).exp_()
 
 
 def oprf_A(rho: torch.Tensor) -> torch.Tensor:
@@ -179,20 +192,24 @@ def oprf_A(rho: torch.Tensor) -> torch.Tensor:
 
 
 def oprf_rho(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-head rho = mean_{i,j} |x_i + y_j|^2 / d over the valid tokens of all sequences.
+    """Per-head rho = mean over query/key pairs of the same sequence of |x_i + y_j|^2 / d.
 
     x, y: data-scaled queries/keys (B, H, L, d); mask: (B, L) True = padding.  Returns (H,).
-    mean_{ij} |x_i + y_j|^2 = mean|x|^2 + mean|y|^2 + 2 mean(x).mean(y)."""
+    Per sequence, mean_{ij} |x_i + y_j|^2 = mean|x|^2 + mean|y|^2 + 2 mean(x).mean(y); sequences
+    are weighted by their number of pairs."""
     d = x.shape[-1]
     if mask is None:
         w = x.new_ones(x.shape[0], 1, x.shape[2], 1)
     else:
         w = (~mask.bool()).to(x.dtype)[:, None, :, None]
-    n = w.sum(dim=(0, 2)).clamp_min(1)  # (1, 1) broadcast over H
-    mx, my = (x * w).sum(dim=(0, 2)) / n, (y * w).sum(dim=(0, 2)) / n  # (H, d)
-    sx = ((x * x) * w).sum(dim=(0, 2, 3)) / n[:, 0]
-    sy = ((y * y) * w).sum(dim=(0, 2, 3)) / n[:, 0]
-    return (sx + sy + 2 * (mx * my).sum(-1)) / d
+    n = w.sum(dim=2)                                               # (B, 1, 1)
+    nn_ = n.clamp_min(1)
+    mx, my = (x * w).sum(2) / nn_, (y * w).sum(2) / nn_             # (B, H, d)
+    sx = ((x * x) * w).sum(dim=(2, 3)) / nn_[..., 0]               # (B, H)
+    sy = ((y * y) * w).sum(dim=(2, 3)) / nn_[..., 0]
+    per_seq = sx + sy + 2 * (mx * my).sum(-1)                      # (B, H)
+    pairs = (n[..., 0] ** 2)                                       # (B, 1)
+    return (per_seq * pairs).sum(0) / pairs.sum(0).clamp_min(1) / d
 
 
 class FavorPlusPlus(FavorPlus):
@@ -208,8 +225,7 @@ class FavorPlusPlus(FavorPlus):
     @torch.no_grad()
     def update_rho(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """EMA update of rho from raw queries/keys (B, H, L, d); the first update sets it."""
-        s = self.head_dim ** -0.25
-        new = oprf_rho(q.float() * s, k.float() * s, mask).to(self.rho.dtype)
+        new = self._rho_of(q, k, mask)
         m = max(self.momentum, 1.0 / float(self.rho_updates.item() + 1))
         self.rho.mul_(1 - m).add_(m * new.expand_as(self.rho))
         self.rho_updates.add_(1)
@@ -217,8 +233,14 @@ class FavorPlusPlus(FavorPlus):
     @torch.no_grad()
     def set_rho(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Set rho from this data (raw queries/keys (B, H, L, d)) exactly."""
+        self.rho.copy_(self._rho_of(q, k, mask))
+
+    def _rho_of(self, q, k, mask) -> torch.Tensor:
         s = self.head_dim ** -0.25
-        self.rho.copy_(oprf_rho(q.float() * s, k.float() * s, mask).to(self.rho.dtype).expand_as(self.rho))
+        new = oprf_rho(q.double() * s, k.double() * s, mask)
+        if self.rho.numel() == 1:
+            new = new.mean()
+        return new.to(self.rho.dtype).expand_as(self.rho)
 
     def _A(self, x: torch.Tensor) -> torch.Tensor:
         A = oprf_A(self.rho.to(x.dtype))
@@ -227,26 +249,36 @@ class FavorPlusPlus(FavorPlus):
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x = x.to(_compute_dtype(x))
-            A = self._A(x)
-            B = torch.sqrt(1 - 4 * A)
+            A = self._A(x)                                              # () or (H, 1, 1)
+            Bc = torch.sqrt(1 - 4 * A)
             w = self.projection.to(x.dtype)
-            wsq = (w * w).sum(-1)  # (m,)
-            xs = x * self.head_dim ** -0.25
-            u = B * self._project(xs) + A * wsq - 0.5 * (xs * xs).sum(-1, keepdim=True)
+            wsq = (w * w).sum(-1)                                       # (m,)
+            feat_bias = A * wsq                                         # (m,) or (H, 1, m)
+            wB = (Bc * self.head_dim ** -0.25) * w                      # (m, d) or (H, m, d)
+            half_sq = (0.5 * self.head_dim ** -0.5) * (x * x).sum(-1, keepdim=True)
+            u = torch.matmul(x, wB.transpose(-1, -2)).add_(feat_bias)   # B w.x + A |w|^2
             if not stabilize:
                 logD = 0.25 * self.head_dim * torch.log(1 - 4 * A)
-                return torch.exp(u + logD) / math.sqrt(self.num_features)
-            if is_query:
-                u = u - u.amax(-1, keepdim=True).detach()
-            else:
-                u = u - ((0.5 - A) * wsq).amax(-1, keepdim=True)  # bound on every key exponent
-            return torch.exp(u)
+                return torch.exp(u - half_sq + logD) / math.sqrt(self.num_features)
+            if is_query:  # the per-query |x|^2/2 cancels with the row max
+                with torch.no_grad():
+                    m = u.amax(-1, keepdim=True)
+                return u.sub_(m).exp_()
+            bound = ((0.5 - A) * wsq).amax(-1, keepdim=True)            # >= every key exponent
+            return u.sub_(half_sq + bound).exp_()
 
 
 class TrigFeatures(_Projected):
-    """Random Fourier (sin/cos) features of the softmax kernel; r = nb_features (m = r/2 rows)."""
+    """Random Fourier (sin/cos) features of the softmax kernel; r = nb_features (m = r/2 rows).
+
+    The estimated normalizer q'.Z can be ~0 or negative (the estimator is unbiased but not
+    positive).  ``normalizer_floor`` gives a per-query floor delta * U_i, where
+    U_i = sum_{visible j} m exp(|k_j|^2/2) >= |q'_i . sum_j k'_j| bounds the normalizer's
+    magnitude; clamping at it keeps |output| <= max|v| / delta (delta = 1e-6).
+    """
 
     normalizer_eps = 1e-12
+    floor = 1e-6
     #: cap on |x|^2/2 in the keys' exp(|x|^2/2) factor (only reached at logits in the hundreds)
     max_log_scale = 40.0
 
@@ -272,6 +304,16 @@ class TrigFeatures(_Projected):
                 return f
             return f * torch.exp(log_scale.clamp_max(self.max_log_scale))
 
+    def normalizer_floor(self, k: torch.Tensor, causal: bool, key_padding_mask: torch.Tensor | None = None):
+        """delta * sum over visible keys of m exp(|k|^2/2), shape (B, H, L, 1) (causal) or (B, H, 1, 1)."""
+        with torch.autocast(k.device.type, enabled=False):
+            k = k.to(_compute_dtype(k)) * self.head_dim ** -0.25
+            scale = torch.exp((0.5 * (k * k).sum(-1, keepdim=True)).clamp_max(self.max_log_scale))
+            if key_padding_mask is not None:
+                scale = scale.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
+            total = scale.cumsum(-2) if causal else scale.sum(-2, keepdim=True)
+            return (self.floor * self.nb_rows) * total.clamp_min(torch.finfo(k.dtype).tiny)
+
 
 class ReluFeatures(_Projected):
     """Generalized ReLU kernel: relu(W x) + eps (with a random projection) or relu(x) + eps."""
@@ -295,10 +337,12 @@ class ReluFeatures(_Projected):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_compute_dtype(x)) * self.head_dim ** -0.25
+            x = x.to(_compute_dtype(x))
             if self.use_projection:
-                x = self._project(x)
-            return F.relu(x) + self.eps
+                u = x @ (self.projection.to(x.dtype) * self.head_dim ** -0.25).T
+            else:
+                u = x * self.head_dim ** -0.25
+            return u.clamp_min(0).add_(self.eps)
 
 
 class EluFeatures(FeatureMap):

@@ -34,6 +34,18 @@ def projection_seed(seed: int, draw: int) -> int:
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
+def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                     key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None) -> torch.Tensor:
+    """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA):
+    features, then :func:`linear_attention` with the map's normalizer guard."""
+    if feature_map is None:
+        return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
+    qf, kf = feature_map(q, is_query=True), feature_map(k, is_query=False)
+    floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
+    return linear_attention(qf, kf, v, causal=causal, key_padding_mask=key_padding_mask, chunk_size=chunk_size,
+                            eps=feature_map.normalizer_eps if floor is None else floor)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with a configurable (linear or exact) kernel.
 
@@ -132,10 +144,7 @@ class Attention(nn.Module):
                                          self.dropout if self.training else 0.0)
         else:
             fm = self.feature_map
-            qf, kf = fm(q, is_query=True), fm(k, is_query=False)
-            out = linear_attention(qf, kf, v, causal=self.causal, key_padding_mask=key_padding_mask,
-                                   chunk_size=self.chunk_size, eps=fm.normalizer_eps)
-            out = self.drop(out)
+            out = self.drop(kernel_attention(fm, q, k, v, self.causal, key_padding_mask, self.chunk_size))
             if self.training and isinstance(fm, FavorPlusPlus):
                 fm.update_rho(q.detach(), k.detach(), key_padding_mask)  # used from the next call on
         return self._merge(out)
@@ -151,7 +160,10 @@ class Attention(nn.Module):
         dtype = torch.promote_types(self.to_qkv.weight.dtype, torch.float32)
         S, Z = init_linear_state(batch_size, self.heads, self.feature_map.num_features, self.head_dim,
                                  device=device, dtype=dtype)
-        return {"pos": 0, "S": S, "Z": Z}
+        state = {"pos": 0, "S": S, "Z": Z}
+        if self.feature_map.normalizer_floor(torch.zeros(1, 1, 1, self.head_dim), True) is not None:
+            state["floor"] = torch.zeros(batch_size, self.heads, 1, device=device, dtype=dtype)
+        return state
 
     def step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
         """One causal decoding step: x_t (B, dim) -> (out (B, dim), new state).
@@ -167,8 +179,12 @@ class Attention(nn.Module):
             return self._merge(out).squeeze(1), {"pos": pos + 1, "k": K, "v": V}
         fm = self.feature_map
         qf, kf = fm(q, is_query=True)[:, :, 0], fm(k, is_query=False)[:, :, 0]
-        out, (S, Z) = linear_attention_step(qf, kf, v[:, :, 0], (state["S"], state["Z"]), eps=fm.normalizer_eps)
-        return self._merge(out.unsqueeze(2)).squeeze(1), {"pos": pos + 1, "S": S, "Z": Z}
+        new = {"pos": pos + 1}
+        eps = fm.normalizer_eps
+        if "floor" in state:  # running sum of the per-key floor contributions
+            new["floor"] = eps = state["floor"] + fm.normalizer_floor(k, True)[:, :, 0].to(state["floor"].dtype)
+        out, (new["S"], new["Z"]) = linear_attention_step(qf, kf, v[:, :, 0], (state["S"], state["Z"]), eps=eps)
+        return self._merge(out.unsqueeze(2)).squeeze(1), new
 
     def extra_repr(self) -> str:
         return (f"kernel={self.kernel!r}, heads={self.heads}, head_dim={self.head_dim}, "

@@ -5,14 +5,15 @@ Three paths behind :func:`linear_attention`:
 * bidirectional: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z;
 * causal, chunked: the sequence is cut into chunks of C positions.  Inside a chunk the
   masked (Q'K'^T)V is a small dense product; across chunks a running state
-  S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried.  Chunks are processed in groups with
-  one batched matmul per group (no Python loop over single chunks).  It is wrapped in
+  S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried (prefix sums over chunks).  Chunks are processed with
+  one batched matmul for all chunks (no Python loop over chunks).  It is wrapped in
   :class:`CausalLinearProduct`, a ``torch.autograd.Function`` whose backward recomputes
   the states chunk by chunk instead of storing them ("Transformers are RNNs",
   Katharopoulos et al. 2020, eqs. 8-10): with G the output gradient,
       dQ_i = G_i S_i^T                    (S_i = sum_{j<=i} k_j v_j^T, forward prefix sums)
       dK_j = R_j V_j,  dV_j = R_j^T K_j   (R_j = sum_{i>=j} q_i g_i^T, reverse prefix sums)
-  so training memory per head is O(L (r + d) + L C), never O(L r d);
+  so training memory per head is O(L (r + d) + L C + (L / C) r d) (inputs, one C x C
+  block per chunk, one r x d state per chunk), never O(L r d);
 * recurrent (:func:`linear_attention_step`): one token's q', k', v and the state (S, Z).
 
 The normalizer is computed by the same causal product, on a column of ones appended to V.
@@ -26,8 +27,6 @@ import torch.nn.functional as F
 
 #: default chunk length of the causal path
 DEFAULT_CHUNK_SIZE = 128
-#: positions handled per batched group of chunks (bounds temporaries independent of L)
-GROUP_POSITIONS = 4096
 
 
 def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
@@ -38,115 +37,98 @@ def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.reshape(x.shape[0], -1, C, x.shape[-1])
 
 
-def _exclusive_cumsum(x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """start + sum of x[:, :n] for each n along dim 1 (x: (G, n, ...), start: (G, 1, ...))."""
-    if x.shape[1] == 1:
-        return start.expand_as(x)
-    return torch.cat([start, start + x[:, :-1].cumsum(1)], dim=1)
-
-
-def _reverse_exclusive_cumsum(x: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-    """end + sum of x[:, n+1:] for each n along dim 1."""
-    if x.shape[1] == 1:
-        return end.expand_as(x)
-    rev = x[:, 1:].flip(1).cumsum(1).flip(1)
-    return torch.cat([end + rev, end], dim=1)
-
-
-def _tril_mask(C: int, device) -> torch.Tensor:
-    return torch.ones(C, C, dtype=torch.bool, device=device).tril()
-
-
-def causal_product_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                           return_boundaries: bool = False):
-    """out_i = sum_{j<=i} (q_i . k_j) v_j for q, k: (G, L, r), v: (G, L, e).
-
-    With ``return_boundaries`` also the states at the start of every group of chunks
-    (G, n_groups, r, e): all the backward needs besides q, k, v."""
-    G, L, r = q.shape
-    e = v.shape[-1]
-    C = max(1, min(chunk_size, L))
-    qc, kc, vc = _chunks(q, C), _chunks(k, C), _chunks(v, C)
-    N = qc.shape[1]
-    n = max(1, GROUP_POSITIONS // C)
-    keep = _tril_mask(C, q.device)
-    out = q.new_empty(G, N, C, e)
-    S = q.new_zeros(G, 1, r, e)
-    boundaries = []
-    for s in range(0, N, n):
-        sl = slice(s, min(s + n, N))
-        qg, kg, vg = qc[:, sl], kc[:, sl], vc[:, sl]
-        if return_boundaries:
-            boundaries.append(S)
-        kv = kg.transpose(-1, -2) @ vg                        # (G, n, r, e)
-        S_before = _exclusive_cumsum(kv, S)
-        A = (qg @ kg.transpose(-1, -2)).masked_fill_(~keep, 0)  # (G, n, C, C)
-        o = qg @ S_before
-        o += A @ vg
-        out[:, sl] = o
-        S = S_before[:, -1:] + kv[:, -1:]
-    out = out.reshape(G, N * C, e)[:, :L]
-    if return_boundaries:
-        return out, torch.cat(boundaries, dim=1)
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """out[:, n] = sum_{m<n} x[:, m] along dim 1."""
+    out = torch.empty_like(x)
+    out[:, :1].zero_()
+    if x.shape[1] > 1:
+        torch.cumsum(x[:, :-1], dim=1, out=out[:, 1:])
     return out
 
 
-def causal_product_backward(q, k, v, g, boundaries, chunk_size: int):
-    """Gradients of causal_product_forward w.r.t. q, k, v, recomputing states chunk by chunk.
+def _reverse_exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """out[:, n] = sum_{m>n} x[:, m] along dim 1."""
+    return _exclusive_cumsum(x.flip(1)).flip(1)
 
-    One pass over the groups in reverse order: forward states S inside the group are
-    rebuilt from the saved group boundary, reverse states R from the running suffix sum."""
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched product of (G, N, i, j) @ (G, N, j, k) through 3-D bmm (no broadcasting copies)."""
+    G, N = a.shape[:2]
+    return torch.bmm(a.reshape(G * N, *a.shape[2:]), b.reshape(G * N, *b.shape[2:])).view(G, N, a.shape[2], b.shape[3])
+
+
+def _addbmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """out += a @ b for (G, N, ., .) tensors, in place."""
+    G, N = a.shape[:2]
+    out.view(G * N, *out.shape[2:]).baddbmm_(a.reshape(G * N, *a.shape[2:]), b.reshape(G * N, *b.shape[2:]))
+    return out
+
+
+def _masked_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """tril(a b^T) per chunk: entry (i, j) = a_i . b_j for j <= i, else 0."""
+    return _bmm(a, b.transpose(-1, -2)).tril_()
+
+
+def causal_product_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """out_i = sum_{j<=i} (q_i . k_j) v_j for q, k: (G, L, r), v: (G, L, e).
+
+    All chunks at once: per-chunk states k_c^T v_c, their exclusive prefix sum over chunks,
+    then out_c = q_c S_{<c} + tril(q_c k_c^T) v_c, each a single batched matmul."""
+    G, L, _ = q.shape
+    e = v.shape[-1]
+    C = max(1, min(int(chunk_size), L))
+    qc, kc, vc = _chunks(q, C), _chunks(k, C), _chunks(v, C)
+    S = _exclusive_cumsum(_bmm(kc.transpose(-1, -2), vc))            # (G, N, r, e) states before chunk
+    out = _bmm(qc, S)
+    del S
+    _addbmm_(out, _masked_scores(qc, kc), vc)
+    return out.reshape(G, -1, e)[:, :L]
+
+
+def causal_product_backward(q, k, v, g, chunk_size: int):
+    """Gradients of causal_product_forward w.r.t. q, k, v, recomputing the states.
+
+        dQ_c = G_c S_{<c}^T + tril(G_c V_c^T) K_c          S = sum k v^T  (forward prefix sums)
+        dK_c = V_c R_{>c}^T + tril(G_c V_c^T)^T Q_c        R = sum q g^T  (reverse prefix sums)
+        dV_c = K_c R_{>c}   + tril(Q_c K_c^T)^T G_c
+    """
     G, L, r = q.shape
     e = v.shape[-1]
-    C = max(1, min(chunk_size, L))
+    C = max(1, min(int(chunk_size), L))
     qc, kc, vc, gc = _chunks(q, C), _chunks(k, C), _chunks(v, C), _chunks(g, C)
-    N = qc.shape[1]
-    n = max(1, GROUP_POSITIONS // C)
-    keep = _tril_mask(C, q.device)
-    dq, dk, dv = q.new_empty(G, N, C, r), q.new_empty(G, N, C, r), q.new_empty(G, N, C, e)
-    R = q.new_zeros(G, 1, r, e)  # sum over later groups of q_i g_i^T
-    starts = list(range(0, N, n))
-    for gi in reversed(range(len(starts))):
-        s = starts[gi]
-        sl = slice(s, min(s + n, N))
-        qg, kg, vg, gg = qc[:, sl], kc[:, sl], vc[:, sl], gc[:, sl]
-        S_before = _exclusive_cumsum(kg.transpose(-1, -2) @ vg, boundaries[:, gi:gi + 1])
-        qg_T = qg.transpose(-1, -2) @ gg                      # (G, n, r, e)
-        R_after = _reverse_exclusive_cumsum(qg_T, R)
-        R = R_after[:, :1] + qg_T[:, :1]
-        A = (qg @ kg.transpose(-1, -2)).masked_fill_(~keep, 0)   # A_ij = q_i.k_j, j <= i
-        M = (gg @ vg.transpose(-1, -2)).masked_fill_(~keep, 0)   # M_ij = g_i.v_j, j <= i
-        t = gg @ S_before.transpose(-1, -2)
-        t += M @ kg
-        dq[:, sl] = t
-        t = vg @ R_after.transpose(-1, -2)
-        t += M.transpose(-1, -2) @ qg
-        dk[:, sl] = t
-        t = kg @ R_after
-        t += A.transpose(-1, -2) @ gg
-        dv[:, sl] = t
-    return (dq.reshape(G, N * C, r)[:, :L], dk.reshape(G, N * C, r)[:, :L],
-            dv.reshape(G, N * C, e)[:, :L])
+    M = _masked_scores(gc, vc)                                        # M_ij = g_i . v_j, j <= i
+    S = _exclusive_cumsum(_bmm(kc.transpose(-1, -2), vc))
+    dq = _bmm(gc, S.transpose(-1, -2))
+    del S
+    _addbmm_(dq, M, kc)
+    R = _reverse_exclusive_cumsum(_bmm(qc.transpose(-1, -2), gc))      # (G, N, r, e) states after chunk
+    dk = _bmm(vc, R.transpose(-1, -2))
+    _addbmm_(dk, M.transpose(-1, -2), qc)
+    del M
+    dv = _bmm(kc, R)
+    del R
+    _addbmm_(dv, _masked_scores(qc, kc).transpose(-1, -2), gc)
+    return dq.reshape(G, -1, r)[:, :L], dk.reshape(G, -1, r)[:, :L], dv.reshape(G, -1, e)[:, :L]
 
 
 class CausalLinearProduct(torch.autograd.Function):
     """out_i = sum_{j<=i} (q_i . k_j) v_j with a memory-light, recomputing backward.
 
-    Inputs (G, L, r), (G, L, r), (G, L, e); saves only q, k, v and one state per group of
-    chunks (O(L/4096 * r * e))."""
+    Inputs (G, L, r), (G, L, r), (G, L, e); saves only q, k, v (O(L (r + e)))."""
 
     @staticmethod
     def forward(ctx, q, k, v, chunk_size):
-        out, boundaries = causal_product_forward(q, k, v, chunk_size, return_boundaries=True)
-        ctx.save_for_backward(q, k, v, boundaries)
+        ctx.save_for_backward(q, k, v)
         ctx.chunk_size = chunk_size
-        return out
+        with torch.autocast(q.device.type, enabled=False):
+            return causal_product_forward(q, k, v, chunk_size)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, boundaries = ctx.saved_tensors
-        dq, dk, dv = causal_product_backward(q, k, v, g.contiguous(), boundaries, ctx.chunk_size)
+        q, k, v = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):  # backward may run inside an autocast region
+            dq, dk, dv = causal_product_backward(q, k, v, g.to(q.dtype).contiguous(), ctx.chunk_size)
         return dq, dk, dv, None
 
 
@@ -164,13 +146,14 @@ def causal_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None,
-                     eps: float | None = None) -> torch.Tensor:
+                     eps: float | torch.Tensor | None = None) -> torch.Tensor:
     """Linear attention with feature-mapped q, k (B, H, L, r) and v (B, H, L, d) -> (B, H, L, d).
 
     key_padding_mask: bool (B, L), True = padding (as in ``nn.MultiheadAttention``); padded
     keys are removed from the numerator and the normalizer.  Outputs at padded query
     positions are meaningless (but finite).  chunk_size: chunk length of the causal path
-    (default 128).  eps: lower clamp of the normalizer (default: smallest normal float).
+    (default 128).  eps: lower clamp of the normalizer, a float or a tensor broadcastable
+    to (B, H, L, 1) (default: smallest normal float).
     """
     out_dtype = v.dtype
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
@@ -179,16 +162,18 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if key_padding_mask is not None:
             k = k.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
         eps = torch.finfo(dtype).tiny if eps is None else eps
+        # the normalizer is the product with a column of ones appended to v
+        v1 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
         if causal:
-            ones = v.new_ones(*v.shape[:-1], 1)
-            nd = causal_product(q, k, torch.cat([v, ones], dim=-1), chunk_size or DEFAULT_CHUNK_SIZE)
-            num, den = nd[..., :-1], nd[..., -1:]
+            nd = causal_product(q, k, v1, chunk_size or DEFAULT_CHUNK_SIZE)
         else:
-            kv = k.transpose(-1, -2) @ v                       # (B, H, r, d)
-            z = k.sum(dim=-2)                                  # (B, H, r)
-            num = q @ kv
-            den = (q @ z.unsqueeze(-1))
-        out = num / den.clamp_min(eps)
+            nd = q @ (k.transpose(-1, -2) @ v1)                # (B, H, L, r) @ (B, H, r, d + 1)
+        num, den = nd.split([v.shape[-1], 1], dim=-1)
+        if isinstance(eps, torch.Tensor):
+            den = torch.maximum(den, eps.to(dtype))
+        else:
+            den = den.clamp_min(eps)
+        out = num / den
     return out.to(out_dtype)
 
 
@@ -199,7 +184,7 @@ def init_linear_state(batch: int, heads: int, r: int, d: int, device=None, dtype
 
 
 def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          state: tuple[torch.Tensor, torch.Tensor], eps: float | None = None):
+                          state: tuple[torch.Tensor, torch.Tensor], eps: float | torch.Tensor | None = None):
     """Recurrent causal linear attention for one position.
 
     q, k: (B, H, r) feature-mapped; v: (B, H, d); state (S, Z) in float32 (or float64).
@@ -213,5 +198,7 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         Z = Z + kf
         num = (qf.unsqueeze(-2) @ S).squeeze(-2)
         den = (qf * Z).sum(-1, keepdim=True)
-        out = num / den.clamp_min(torch.finfo(dtype).tiny if eps is None else eps)
+        eps = torch.finfo(dtype).tiny if eps is None else eps
+        den = torch.maximum(den, eps.to(dtype)) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
+        out = num / den
     return out.to(v.dtype), (S, Z)
