@@ -72,7 +72,9 @@ class Tokenizer:
     # --- encode / decode ----------------------------------------------------------------
     def clean(self, sequence: str, *, source: str = "<string>", record: str = "?") -> str:
         """Uppercase, drop whitespace and a trailing '*', and check every character."""
-        seq = "".join(sequence.split()).upper()
+        seq = "".join(sequence.split())
+        # upper-case ASCII only: str.upper would turn e.g. 'ß' into the valid residues 'SS'
+        seq = seq.upper() if seq.isascii() else "".join(c.upper() if c.isascii() else c for c in seq)
         if seq.endswith("*"):
             seq = seq[:-1]
         bad = set(seq) - set(AMINO_ACIDS)

@@ -50,3 +50,10 @@ def test_unknown_mapped_to_x_or_unk_when_configured():
                          u.unk_id, u.encode("T", add_cls=False, add_eos=False)[0]]
     with pytest.raises(ValueError):
         Tokenizer(unknown="skip")
+
+
+def test_non_ascii_is_never_silently_turned_into_residues():
+    with pytest.raises(InvalidSequenceError, match="'ß'"):
+        Tokenizer().encode("MKßT")
+    x = Tokenizer(unknown="X")
+    assert x.decode(x.encode("MKßT")) == "MKXT"
