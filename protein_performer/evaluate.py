@@ -367,8 +367,10 @@ def plot(results: dict[str, dict], path: str | Path, title: str | None = None) -
             ax.plot(x, [np.nan if v is None else v for v in y], marker="o", label=name)
         base = tuple(m["buckets"][b]["baseline_perplexity"] for b in labels) + \
             tuple(m["buckets"][b]["baseline_accuracy"] for b in labels)
-        baselines.setdefault(base, name)
-    for base, name in baselines.items():
+        # equal up to float32 summation order (windows batch differently): one line
+        key = tuple(None if v is None else round(v, 4) for v in base)
+        baselines.setdefault(key, (base, name))
+    for base, name in baselines.values():
         if all(v is None for v in base):
             continue
         tag = "amino-acid baseline" + (f" ({name})" if len(baselines) > 1 else "")
