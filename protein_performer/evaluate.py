@@ -426,7 +426,13 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
-        task = load_checkpoint(path)
+        try:
+            task = load_checkpoint(path)
+        except (FileNotFoundError, ValueError):
+            raise
+        except Exception as e:  # e.g. pickle.UnpicklingError for a file that is not a checkpoint
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
         m = evaluate_model(task, proteins, desc=name, **kwargs)
         m["checkpoint"] = path
         m["step"] = checkpoint_step(path)

@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 from protein_performer.evaluate import (BUCKETS, evaluate, evaluate_model, inputs_and_labels, length_bucket,
-                                        window_spans)
+                                        load_proteins, window_spans)
 from protein_performer.objectives import IGNORE
 from protein_performer.tasks import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import STANDARD_AA, Tokenizer
@@ -202,6 +202,11 @@ def test_evaluate_writes_json_csv_png_for_several_checkpoints(tmp_path):
 def test_bad_inputs_give_one_line_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.ckpt"):
         evaluate(str(tmp_path / "missing.ckpt"), ROOT / "data/heldout/uniprotkb_mix_heldout_2k.fasta.gz", tmp_path)
+    junk = tmp_path / "junk.ckpt"
+    junk.write_text("not a checkpoint\n")
+    with pytest.raises(ValueError, match=r"checkpoint .*junk.ckpt: cannot load") as e:
+        evaluate(str(junk), ROOT / "tests/fixtures/pyswrd_uniprot_sprot15.fasta", tmp_path)
+    assert "\n" not in str(e.value)
     ckpt = save(constant_model("mlm"), tmp_path / "m.ckpt")
     bad = tmp_path / "bad.fasta"
     bad.write_text(">ok\nMKV\n>broken\nMK1V\n")
@@ -275,3 +280,17 @@ def test_compare_trains_evaluates_and_writes_the_table(tmp_path):
     stamp = (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime
     compare(["performer", "transformer"], overrides, heldout, tmp_path / "out", max_records=12, progress=False)
     assert (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime == stamp  # reused
+
+
+def test_uniprot_dat_input_scores_every_residue():
+    """A UniProt flat file: every record is read and, causal, every residue scored; the
+    residue count comes from Biopython's own swiss parser."""
+    from Bio import SeqIO
+    path = ROOT / "tests/fixtures/emboss_trembl_9records_2012.dat"
+    records = list(SeqIO.parse(str(path), "swiss"))
+    m = evaluate_model(constant_model("clm"), load_proteins(path), progress=False)
+    assert m["num_sequences"] == len(records) == 9
+    assert m["num_tokens"] == sum(len(r.seq) for r in records)
+    lengths = [len(r.seq) for r in records]
+    for label, lo, hi in BUCKETS:
+        assert m["buckets"][label]["num_sequences"] == sum(lo <= n <= hi for n in lengths)
