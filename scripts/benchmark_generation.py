@@ -191,7 +191,20 @@ def mib(b: float) -> str:
 def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
     P = args.positions
     ratio = rnn[P[-1]]["time"] / rnn[16]["time"] if 16 in rnn else float("nan")
-    lines = ["# Generation: time and memory per token against position", "",
+    lines = ["# Generation", "",
+             "Sample proteins from a causal (objective=clm) checkpoint, decoding it as an RNN:", "",
+             "```",
+             "python scripts/generate.py ckpt=PATH num_samples=N max_length=L min_length=M temperature=T \\",
+             "    top_k=K top_p=P prompt=MKT seed=S output=OUT.fasta [batch_size=B] [device=cpu|cuda]",
+             "```", "",
+             "OUT.fasta carries each sample's length, stop reason (eos or max_length), mean per-token "
+             "log-likelihood and the settings in its header; OUT.json holds the settings, per-sample scores, "
+             "the mean per-token log-likelihood of the generated tokens under the model (unfiltered, T=1) and "
+             "their amino-acid composition against the training set's (`hparams.aa_frequencies`). Linear "
+             "kernels carry a state (S, Z) per layer and head whose size does not depend on the position; "
+             "exact softmax carries a KV cache. `tests/test_generate.py` holds the recurrent logits to the "
+             "parallel causal forward for every kernel.", "",
+             "## Time and memory per token against position", "",
              "Produced by `scripts/benchmark_generation.py`; regenerate with", "", "```", cmd, "```", "",
              f"Model: PerformerLM dim={args.dim}, depth={args.depth}, heads={args.heads}, "
              f"nb_features={args.nb_features} (the defaults of `conf/model/performer.yaml`), causal, eval, fp32, "
