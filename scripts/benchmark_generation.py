@@ -267,8 +267,8 @@ def plot(args, rnn, naive, kv, rss, rnn_times) -> None:
     ax.plot(P, [kv[p]["state"] / 2**20 for p in P], "^-", color="tab:green", label="KV cache")
     if rss:
         for m, c, mk in (("rnn", "tab:blue", "o"), ("naive", "tab:red", "s"), ("kv", "tab:green", "^")):
-            ax.plot(P, [max(rss[(m, p)], 1) / 2**20 for p in P], mk + "--", color=c, alpha=0.6,
-                    label=f"{m}: peak RSS growth")
+            ax.plot(P, [max(rss[(m, p)], 1024) / 2**20 for p in P], mk + "--", color=c, alpha=0.6,
+                    label=f"{m}: peak RSS growth (floor 1 KiB)")
     ax.set(xscale="log", yscale="log", xlabel="position", ylabel="MiB", title="memory per token")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
