@@ -1,0 +1,515 @@
+#!/usr/bin/env python
+"""Benchmark the attention kernels: time and peak memory against sequence length, and the
+accuracy of the softmax-approximating kernels against exact softmax attention.
+
+What is timed is the attention core on given q, k, v of shape (batch, heads, L, head_dim)
+(feature maps + attention, no projections), as in the anchors: forward+backward (gradient of
+sum(out * g) w.r.t. q, k, v) and forward only (no_grad).  Every (method, mode, pass) runs in
+its own subprocess over increasing L, so the peak RSS read after each L is that L's peak
+(the whole process, ~220 MiB of which is Python + torch, as in the anchor table).
+
+    python scripts/benchmark_attention.py            # full run, writes docs/benchmarks.md + PNGs
+    python scripts/benchmark_attention.py --quick    # L = 512..2048, a few minutes
+    nice python scripts/benchmark_attention.py --threads 2
+
+Methods: our kernels (softmax = FAVOR+, favor++, relu, trig, elu with r = head_dim), exact
+SDPA, and performer-pytorch 1.1.4 (``pip install performer-pytorch==1.1.4``, the optional
+``bench`` extra) when importable; fast-transformers' numbers are cited from the anchors
+(docs: /work/shared/anchors.md) unless it is importable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+QUICK_LENGTHS = [512, 1024, 2048]
+OURS = ["softmax", "favor++", "relu", "trig", "elu", "exact"]
+LABELS = {
+    "softmax": "ours FAVOR+ (softmax, r=256)",
+    "favor++": "ours FAVOR++ (r=256)",
+    "relu": "ours ReLU (r=256)",
+    "trig": "ours trig (r=256)",
+    "elu": "ours elu+1 (r=64)",
+    "exact": "exact SDPA",
+    "pp": "performer-pytorch 1.1.4",
+    "ft": "fast-transformers 0.4.0 elu+1",
+}
+
+# Anchors measured on this machine (anchors.md): seconds per fwd+bwd step / peak RSS MiB.
+ANCHORS = {
+    ("exact", "causal"): {1024: (0.032, 303), 4096: (0.365, 378), 8192: (1.40, 490), 16384: (4.53, 579)},
+    ("exact", "bidirectional"): {1024: (0.034, 304), 4096: (0.564, 378), 8192: (2.84, 554), 16384: (10.8, 603)},
+    ("pp-fallback", "causal"): {1024: (0.77, 2306), 4096: (5.08, 8331), 8192: (25.3, 5100), 16384: (49.6, 9893)},
+    ("pp+ft-kernel", "causal"): {1024: (0.124, 452), 4096: (0.966, 658), 8192: (1.84, 1019), 16384: (3.18, 1503)},
+    ("pp", "bidirectional"): {1024: (0.045, 433), 4096: (0.405, 616), 8192: (0.914, 930), 16384: (1.66, 1247)},
+    ("ft elu+1", "causal"): {1024: (0.033, 335), 4096: (0.176, 504), 8192: (0.341, 689), 16384: (0.867, 726)},
+    ("ft elu+1", "bidirectional"): {1024: (0.011, 316), 4096: (0.065, 474), 8192: (0.136, 590), 16384: (0.354, 853)},
+}
+
+
+# ----------------------------------------------------------------------------- worker side
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB (VmHWM; ru_maxrss would carry over the
+    parent's peak across fork + exec)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _build(method: str, causal: bool, args):
+    """Return f(q, k, v) -> out for a method."""
+    import torch
+
+    from protein_performer.attention import build_feature_map, kernel_attention
+
+    if method in OURS:
+        r = args.nb_features
+        fm = build_feature_map(method, args.head_dim, r, generator=torch.Generator().manual_seed(0))
+        return lambda q, k, v: kernel_attention(fm, q, k, v, causal=causal, chunk_size=args.chunk_size)
+    if method == "pp":
+        warnings.filterwarnings("ignore")
+        from performer_pytorch import FastAttention
+
+        fa = FastAttention(args.head_dim, nb_features=args.nb_features, causal=causal)
+        return lambda q, k, v: fa(q, k, v)
+    if method == "ft":
+        from fast_transformers.attention import CausalLinearAttention, LinearAttention
+        from fast_transformers.masking import LengthMask, TriangularCausalMask
+
+        att = CausalLinearAttention(args.head_dim) if causal else LinearAttention(args.head_dim)
+
+        def f(q, k, v):
+            B, H, L, _ = q.shape
+            tr = lambda t: t.transpose(1, 2)  # noqa: E731  (B, L, H, d)
+            mask = TriangularCausalMask(L) if causal else None
+            lm = LengthMask(torch.full((B,), L, dtype=torch.long), max_len=L)
+            return att(tr(q), tr(k), tr(v), mask, lm, lm).transpose(1, 2)
+        return f
+    raise ValueError(method)
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    causal = args.mode == "causal"
+    f = _build(args.method, causal, args)
+    B, H, d = args.batch, args.heads, args.head_dim
+    prev = None
+    for L in args.lengths:
+        if prev is not None:
+            growth = 4.0 if args.method == "exact" else 2.2
+            if args.method == "pp" and causal:
+                growth = 2.5
+            predicted = prev * (L / prev_L) ** math.log2(growth)
+            if predicted > args.max_seconds:
+                print(json.dumps({"L": L, "skipped": f"predicted {predicted:.0f} s > --max-seconds"}), flush=True)
+                continue
+        g = torch.Generator().manual_seed(L)
+        scale = 0.5 ** 0.5  # logits of std 0.5
+        q = (torch.randn(B, H, L, d, generator=g) * scale).requires_grad_(args.pass_ == "fwdbwd")
+        k = (torch.randn(B, H, L, d, generator=g) * scale).requires_grad_(args.pass_ == "fwdbwd")
+        v = torch.randn(B, H, L, d, generator=g).requires_grad_(args.pass_ == "fwdbwd")
+        go = torch.randn(B, H, L, d, generator=g)
+
+        def step():
+            if args.pass_ == "fwdbwd":
+                q.grad = k.grad = v.grad = None
+                out = f(q, k, v)
+                torch.autograd.backward(out, go)
+            else:
+                with torch.no_grad():
+                    f(q, k, v)
+        times = []
+        try:
+            t0 = time.perf_counter()
+            step()  # warm-up
+            first = time.perf_counter() - t0
+            reps = args.reps if first < 2.0 else max(1, min(args.reps, 2))
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+        except RuntimeError as e:  # out of memory and the like
+            print(json.dumps({"L": L, "skipped": f"error: {str(e)[:80]}"}), flush=True)
+            break
+        t = statistics.median(times)
+        print(json.dumps({"L": L, "time": t, "time_min": min(times), "rss_mib": peak_rss_mib(),
+                          "reps": len(times)}), flush=True)
+        prev, prev_L = t, L
+        del q, k, v, go
+
+
+# ----------------------------------------------------------------------------- driver side
+def run_worker(method, mode, pass_, lengths, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--method", method, "--mode", mode, "--pass", pass_,
+           "--lengths", ",".join(map(str, lengths)), "--threads", str(args.threads),
+           "--reps", str(args.reps), "--max-seconds", str(args.max_seconds), "--batch", str(args.batch),
+           "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--chunk-size", str(args.chunk_size),
+           "--nb-features", str(args.head_dim if method == "elu" else args.nb_features)]
+    res = {}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in proc.stdout:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        res[rec["L"]] = rec
+        shown = (f"{rec['time']:.4f} s  {rec['rss_mib']:.0f} MiB" if "time" in rec else rec["skipped"])
+        print(f"  {LABELS.get(method, method):32s} {mode:13s} {pass_:6s} L={rec['L']:6d}  {shown}", flush=True)
+    proc.wait()
+    if proc.returncode != 0:
+        err = proc.stderr.read().strip().splitlines()
+        print(f"  {method} {mode} {pass_}: worker failed: {err[-1] if err else proc.returncode}", flush=True)
+    return res
+
+
+def matmul_rate(threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    a = torch.randn(2048, 2048)
+    b = torch.randn(2048, 2048)
+    a @ b
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        ts.append(time.perf_counter() - t0)
+    out["mm2048_gflops"] = 2 * 2048 ** 3 / min(ts) / 1e9
+    x, w = torch.randn(8, 8192, 256), torch.randn(8, 256, 64)
+    x @ w
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x @ w
+        ts.append(time.perf_counter() - t0)
+    out["bmm_gflops"] = 2 * 8 * 8192 * 256 * 64 / min(ts) / 1e9
+    return out
+
+
+def favor_bidir_flops(L, args) -> float:
+    """Nominal matmul FLOPs of bidirectional FAVOR+ fwd+bwd (3x the forward's matmuls)."""
+    B, H, d, r = args.batch, args.heads, args.head_dim, args.nb_features
+    fwd = 2 * (2 * B * H * L * d * r) + 2 * (2 * B * H * L * r * (d + 1))
+    return 3 * fwd
+
+
+# ----------------------------------------------------------------------------- accuracy study
+def accuracy_study(args) -> dict:
+    import torch
+
+    from protein_performer.attention import build_feature_map, kernel_attention
+    from protein_performer.attention.naive import softmax_attention
+
+    torch.set_num_threads(args.threads)
+    try:
+        warnings.filterwarnings("ignore")
+        from performer_pytorch import FastAttention
+    except Exception:
+        FastAttention = None
+    d, L, H = args.head_dim, args.acc_length, 4
+    stds = [0.25, 0.5, 1.0, 2.0]
+    feats = [64, 256] if args.quick else [64, 256, 1024, 4096]
+    draws = 1 if args.quick else 3
+    rows = []
+    for std in stds:
+        g = torch.Generator().manual_seed(0)
+        s = math.sqrt(std)  # q, k ~ N(0, s^2): logits q.k/sqrt(d) have std s^2 = std
+        q = torch.randn(1, H, L, d, generator=g) * s
+        k = torch.randn(1, H, L, d, generator=g) * s
+        v = torch.randn(1, H, L, d, generator=g)
+        ref = softmax_attention(q.double(), k.double(), v.double())
+        err = lambda out: ((out.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+        row = {"std": std, "measured_logit_std": ((q @ k.transpose(-1, -2)) / math.sqrt(d)).std().item(),
+               "uniform": err(v.mean(2, keepdim=True).expand_as(v))}
+        for r in feats:
+            for kernel in ("softmax", "favor++", "trig"):
+                es = []
+                for seed in range(draws):
+                    fm = build_feature_map(kernel, d, r, generator=torch.Generator().manual_seed(100 + seed))
+                    if kernel == "favor++":
+                        fm.set_rho(q, k)
+                    es.append(err(kernel_attention(fm, q, k, v)))
+                row[f"{kernel}/{r}"] = sum(es) / len(es)
+            if FastAttention is not None:
+                es = []
+                for seed in range(draws):
+                    torch.manual_seed(100 + seed)
+                    fa = FastAttention(d, nb_features=r)
+                    es.append(err(fa(q, k, v)))
+                row[f"pp/{r}"] = sum(es) / len(es)
+        rows.append(row)
+        print("  accuracy", json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+              flush=True)
+    return {"rows": rows, "features": feats, "draws": draws, "L": L, "heads": H, "pp": FastAttention is not None}
+
+
+# ----------------------------------------------------------------------------- report
+def fmt_cell(rec) -> str:
+    if rec is None:
+        return "—"
+    if "time" not in rec:
+        return "skipped"
+    t = rec["time"]
+    ts = f"{t:.3f}" if t < 10 else f"{t:.1f}"
+    return f"{ts} / {rec['rss_mib']:.0f}"
+
+
+def write_report(results, acc, mm, args, lengths, wall) -> str:
+    import torch
+
+    lines = []
+    P = lines.append
+    P("# Attention benchmarks")
+    P("")
+    P("Generated by `scripts/benchmark_attention.py` — do not edit by hand; rerun the script.")
+    P("")
+    P(f"- command: `{args.command_line}`")
+    P(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+      f"torch {torch.__version__}, {args.threads} threads, fp32")
+    P(f"- shapes: batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, r = {args.nb_features} "
+      f"(elu+1: r = head dim), chunk size {args.chunk_size} for the causal linear path")
+    P(f"- fp32 matmul rate measured in this run: {mm['mm2048_gflops']:.0f} GFLOP/s (2048² matmul), "
+      f"{mm['bmm_gflops']:.0f} GFLOP/s ((8×8192×256)·(256×64) batched)")
+    P(f"- what is timed: feature maps + attention on given q, k, v (no projections); fwd+bwd = "
+      "gradient w.r.t. q, k, v; median of up to "
+      f"{args.reps} runs after a warm-up; cells are `seconds / peak RSS MiB of the whole process` "
+      "(one process per method and pass, L increasing, ~220 MiB of it is Python + torch)")
+    P(f"- q, k ~ N(0, 1/2) entrywise (logit std 0.5), v ~ N(0, 1); total wall time {wall / 60:.1f} min")
+    P("- the machine is shared: other jobs ran during the measurement, so absolute times are noisy "
+      "(compare the matmul rate above with the ~340 GFLOP/s of a quiet machine)")
+    P("")
+    for pass_, title in (("fwdbwd", "Forward + backward"), ("fwd", "Forward only")):
+        for mode in ("causal", "bidirectional"):
+            P(f"## {title}, {mode}")
+            P("")
+            P("| method | " + " | ".join(f"L={L}" for L in lengths) + " |")
+            P("|---|" + "---|" * len(lengths))
+            for method in results:
+                recs = results[method].get((mode, pass_))
+                if recs is None:
+                    continue
+                label = LABELS.get(method, method)
+                if method == "pp" and mode == "causal":
+                    label += " (CPU fallback)"
+                P(f"| {label} | " + " | ".join(fmt_cell(recs.get(L)) for L in lengths) + " |")
+            P("")
+    P("## Anchors (measured earlier on this machine, cited from anchors.md, not rerun here)")
+    P("")
+    alen = [1024, 4096, 8192, 16384]
+    P("| method | mode | " + " | ".join(f"L={L}" for L in alen) + " |")
+    P("|---|---|" + "---|" * len(alen))
+    for (m, mode), row in ANCHORS.items():
+        P(f"| {m} | {mode} | " + " | ".join(f"{row[L][0]} / {row[L][1]}" for L in alen) + " |")
+    P("")
+    P("## Goals")
+    P("")
+
+    def get(method, mode, L, pass_="fwdbwd"):
+        rec = results.get(method, {}).get((mode, pass_), {}).get(L)
+        return rec if rec and "time" in rec else None
+    fp = get("softmax", "causal", 8192)
+    if fp:
+        P(f"- causal FAVOR+ fwd+bwd at L=8192: **{fp['time']:.3f} s** (best run {fp['time_min']:.3f} s) "
+          f"vs exact causal SDPA anchor 1.40 s "
+          f"({1.40 / fp['time']:.1f}× faster) and performer-pytorch + fast-transformers kernel anchor 1.84 s "
+          f"({1.84 / fp['time']:.1f}× faster; goal ≥ 5×)")
+        ex = get("exact", "causal", 8192)
+        if ex:
+            P(f"  (exact causal SDPA in this run, same load: {ex['time']:.3f} s, i.e. FAVOR+ is "
+              f"{ex['time'] / fp['time']:.1f}× faster)")
+    el = get("elu", "causal", 8192)
+    if el:
+        P(f"- causal elu+1 (r=64) fwd+bwd at L=8192: **{el['time']:.3f} s** (best {el['time_min']:.3f} s) "
+          f"vs fast-transformers' compiled "
+          f"kernel anchor 0.341 s ({0.341 / el['time']:.2f}×)")
+    for method in ("softmax", "elu"):
+        a, b = get(method, "causal", 8192), get(method, "causal", 16384)
+        if a and b:
+            P(f"- peak memory, causal {LABELS[method]}, L=16384 vs 8192: {b['rss_mib']:.0f} / {a['rss_mib']:.0f} MiB"
+              f" = **{b['rss_mib'] / a['rss_mib']:.2f}×** (goal ≤ 2.1×; RSS includes ~220 MiB of torch)")
+    bd = get("softmax", "bidirectional", 8192)
+    if bd:
+        gf = favor_bidir_flops(8192, args) / bd["time"] / 1e9
+        pp = get("pp", "bidirectional", 8192)
+        ppt = pp["time"] if pp else 0.914
+        src = "measured in this run" if pp else "anchor"
+        P(f"- bidirectional FAVOR+ fwd+bwd at L=8192: **{bd['time']:.3f} s** vs performer-pytorch {ppt:.3f} s "
+          f"({src}; {ppt / bd['time']:.1f}×, goal ≥ 3×); nominal matmul work {gf:.0f} GFLOP/s = "
+          f"{100 * gf / mm['mm2048_gflops']:.0f} % of this run's 2048² matmul rate (goal ≥ 50 %)")
+    P("")
+    if acc:
+        P("## Approximation study")
+        P("")
+        P(f"Relative error ‖approx − exact‖ / ‖exact‖ of bidirectional attention against exact softmax "
+          f"attention (float64 reference), L = {acc['L']}, {acc['heads']} heads, head dim {args.head_dim}, "
+          f"q, k ~ N(0, std) entrywise so that the logits q·k/√d have the given standard deviation, "
+          f"v ~ N(0, 1); mean over {acc['draws']} independent feature draws. `uniform` is the plain average "
+          "of V (what an attention that collapsed to uniform returns). FAVOR++ uses rho computed from the "
+          "data (what its training-time running estimate converges to).")
+        P("")
+        cols = ["uniform"] + [f"{k}/{r}" for r in acc["features"] for k in
+                              (("softmax", "favor++", "trig", "pp") if acc["pp"] else ("softmax", "favor++", "trig"))]
+        names = {"softmax": "FAVOR+", "favor++": "FAVOR++", "trig": "trig", "pp": "perf-pytorch"}
+        header = ["uniform"] + [f"{names[c.split('/')[0]]} r={c.split('/')[1]}" for c in cols[1:]]
+        P("| logit std | " + " | ".join(header) + " |")
+        P("|---|" + "---|" * len(cols))
+        for row in acc["rows"]:
+            P(f"| {row['std']} | " + " | ".join(f"{row[c]:.3f}" if row[c] < 100 else f"{row[c]:.1e}"
+                                               for c in cols) + " |")
+        P("")
+        P("Reading: our FAVOR+/FAVOR++ errors fall with r at every scale: the error is the estimator's own "
+          "variance, which grows like exp(|x+y|²) with the norms of the data-scaled q, k (at head dim 64, "
+          "|x|² ≈ 8 × logit std), so for logit std ≥ 1 even 4096 features do not beat the uniform average. "
+          "Nothing collapses toward uniform: no epsilon is added to the features and the key stabilizer is a "
+          "data-independent bound that cancels exactly (see `protein_performer/attention/feature_maps.py`).")
+        P("")
+    P("![time and memory](benchmarks.png)")
+    P("")
+    if acc:
+        P("![approximation](benchmarks_approx.png)")
+        P("")
+    return "\n".join(lines)
+
+
+def plot(results, acc, lengths, out_png: Path, out_acc: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    for j, mode in enumerate(("causal", "bidirectional")):
+        for method, res in results.items():
+            recs = res.get((mode, "fwdbwd"), {})
+            Ls = [L for L in lengths if recs.get(L, {}).get("time")]
+            if not Ls:
+                continue
+            style = "--" if method in ("exact", "pp") else "-"
+            axes[0, j].plot(Ls, [recs[L]["time"] for L in Ls], style, marker="o", label=LABELS.get(method, method))
+            axes[1, j].plot(Ls, [recs[L]["rss_mib"] for L in Ls], style, marker="o", label=LABELS.get(method, method))
+        for (m, amode), row in ANCHORS.items():
+            if amode == mode and m.startswith(("ft", "pp+")):
+                Ls = sorted(row)
+                axes[0, j].plot(Ls, [row[L][0] for L in Ls], ":", marker="x", label=f"{m} (anchor)")
+                axes[1, j].plot(Ls, [row[L][1] for L in Ls], ":", marker="x", label=f"{m} (anchor)")
+        axes[0, j].set_title(f"{mode}: forward + backward time")
+        axes[1, j].set_title(f"{mode}: peak RSS of the process")
+        axes[0, j].set_ylabel("seconds")
+        axes[1, j].set_ylabel("MiB")
+        for i in range(2):
+            axes[i, j].set_xscale("log", base=2)
+            axes[i, j].set_yscale("log")
+            axes[i, j].set_xlabel("sequence length L")
+            axes[i, j].grid(True, which="both", alpha=0.3)
+        axes[0, j].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    if acc:
+        fig, axes = plt.subplots(1, len(acc["rows"]), figsize=(4 * len(acc["rows"]), 3.8), sharey=False)
+        for ax, row in zip(axes, acc["rows"]):
+            for kernel, name in (("softmax", "FAVOR+"), ("favor++", "FAVOR++"), ("trig", "trig"), ("pp", "perf-pytorch")):
+                ys = [row.get(f"{kernel}/{r}") for r in acc["features"]]
+                if ys[0] is None:
+                    continue
+                ax.plot(acc["features"], ys, marker="o", label=name)
+            ax.axhline(row["uniform"], color="k", ls="--", label="uniform average")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"logit std {row['std']}")
+            ax.set_xlabel("features r")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("relative error vs exact softmax")
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_acc, dpi=110)
+        plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="L = 512..2048, fewer features and draws")
+    ap.add_argument("--lengths", type=str, default=None, help="comma-separated L (default 512..65536)")
+    ap.add_argument("--methods", type=str, default=None, help="comma-separated, default all")
+    ap.add_argument("--modes", type=str, default="causal,bidirectional")
+    ap.add_argument("--passes", type=str, default="fwdbwd,fwd")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=30.0, help="skip an L whose predicted time exceeds this")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--nb-features", type=int, default=256)
+    ap.add_argument("--chunk-size", type=int, default=128)
+    ap.add_argument("--acc-length", type=int, default=1024)
+    ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    # worker mode (internal)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--method", type=str, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", type=str, help=argparse.SUPPRESS)
+    ap.add_argument("--pass", dest="pass_", type=str, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        args.lengths = [int(x) for x in args.lengths.split(",")]
+        worker(args)
+        return
+    args.command_line = "python scripts/benchmark_attention.py " + " ".join(sys.argv[1:])
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else (QUICK_LENGTHS if args.quick else LENGTHS)
+    if args.quick:
+        args.reps = min(args.reps, 2)
+    methods = args.methods.split(",") if args.methods else list(OURS)
+    if not args.methods:
+        import importlib.util
+
+        for name, key in (("performer_pytorch", "pp"), ("fast_transformers", "ft")):
+            if importlib.util.find_spec(name) is not None:
+                methods.append(key)
+    t_start = time.time()
+    mm = matmul_rate(args.threads)
+    print(f"fp32 matmul: {mm['mm2048_gflops']:.0f} GFLOP/s (2048^2), {mm['bmm_gflops']:.0f} GFLOP/s (batched)")
+    results: dict = {}
+    for method in methods:
+        results[method] = {}
+        for mode in args.modes.split(","):
+            for pass_ in args.passes.split(","):
+                Ls = lengths
+                if method == "pp" and mode == "causal":  # CPU fallback: 8 GB and 5 s at L = 4096 (anchor)
+                    Ls = [L for L in lengths if L <= 2048]
+                results[method][(mode, pass_)] = run_worker(method, mode, pass_, Ls, args)
+    acc = None if args.no_accuracy else accuracy_study(args)
+    wall = time.time() - t_start
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = write_report(results, acc, mm, args, lengths, wall)
+    args.out.write_text(report + "\n")
+    png = args.out.with_suffix(".png")
+    plot(results, acc, lengths, png, args.out.with_name(args.out.stem + "_approx.png"))
+    print()
+    print(report)
+    print(f"\nwrote {args.out} and {png}")
+
+
+if __name__ == "__main__":
+    main()
