@@ -13,7 +13,7 @@ import torch
 from torchmetrics import SumMetric
 
 from .model import PerformerLM
-from .objectives import TokenStats, token_stats, unigram_baseline
+from .objectives import IGNORE, TokenStats, token_stats, unigram_baseline
 from .tokenizer import VERSION, Tokenizer
 
 
@@ -30,7 +30,7 @@ class ProteinLM(pl.LightningModule):
         self.tokenizer = Tokenizer()
         self.model = PerformerLM(vocab_size=self.tokenizer.vocab_size, causal=objective == "clm", **dict(model))
         self.val_sums = torch.nn.ModuleDict({k: SumMetric() for k in ("nll", "correct", "count",
-                                                                      "base_nll", "base_correct")})
+                                                                      "base_nll", "base_correct", "base_count")})
 
     @property
     def aa_frequencies(self) -> torch.Tensor | None:
@@ -59,9 +59,12 @@ class ProteinLM(pl.LightningModule):
         self.val_sums["correct"].update(s.correct)
         self.val_sums["count"].update(s.count)
         if self.aa_frequencies is not None:
-            b = unigram_baseline(self.aa_frequencies.to(s.nll.device).float(), batch["labels"])
+            # the baseline scores residues only: it has no probability for <eos> (clm labels)
+            labels = batch["labels"].masked_fill(batch["labels"] < self.tokenizer.aa_offset, IGNORE)
+            b = unigram_baseline(self.aa_frequencies.to(s.nll.device).float(), labels)
             self.val_sums["base_nll"].update(b.nll)
             self.val_sums["base_correct"].update(b.correct)
+            self.val_sums["base_count"].update(b.count)
 
     def on_validation_epoch_end(self):
         sums = {k: m.compute() for k, m in self.val_sums.items()}
@@ -69,12 +72,13 @@ class ProteinLM(pl.LightningModule):
             m.reset()
         count = sums["count"].clamp(min=1)
         loss = sums["nll"] / count
+        base_count = sums["base_count"].clamp(min=1)
         self.log("val/loss", loss, prog_bar=True, sync_dist=False)
         self.log("val/perplexity", torch.exp(loss), prog_bar=True)
         self.log("val/accuracy", sums["correct"] / count, prog_bar=True)
         if self.aa_frequencies is not None:
-            self.log("val/baseline_perplexity", torch.exp(sums["base_nll"] / count))
-            self.log("val/baseline_accuracy", sums["base_correct"] / count)
+            self.log("val/baseline_perplexity", torch.exp(sums["base_nll"] / base_count))
+            self.log("val/baseline_accuracy", sums["base_correct"] / base_count)
 
     def configure_optimizers(self):
         hp = self.hparams

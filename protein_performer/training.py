@@ -65,6 +65,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     if ckpt_path and not os.path.isfile(ckpt_path):
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path)
+    # max_steps can end between validations, when the callback saves nothing: keep the final step
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
     results = trainer.validate(task, datamodule=datamodule, verbose=False)[0]
     summary = {k: float(v) for k, v in results.items()}
     if trainer.is_global_zero:

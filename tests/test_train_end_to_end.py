@@ -43,7 +43,7 @@ def test_tiny_run_learns_checkpoints_and_reloads(tmp_path, small_fasta, objectiv
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=TINY + [
             f"objective={objective}", f"model.attention.kernel={kernel}", f"data.path={small_fasta}",
-            "trainer.max_steps=60", "trainer.val_check_interval=30", "trainer.log_every_n_steps=5",
+            "trainer.max_steps=50", "trainer.val_check_interval=30", "trainer.log_every_n_steps=5",
             "trainer.enable_progress_bar=false", "logger=csv", f"logger.save_dir={tmp_path}"])
     metrics, task = train(cfg, tmp_path)
     losses = _read_losses(tmp_path)
@@ -54,6 +54,9 @@ def test_tiny_run_learns_checkpoints_and_reloads(tmp_path, small_fasta, objectiv
     ckpts = {p.name for p in (tmp_path / "checkpoints").iterdir()}
     assert "last.ckpt" in ckpts and any(n.startswith("best-") for n in ckpts)
     assert metrics["val/perplexity"] > 1 and 0 <= metrics["val/accuracy"] <= 1
+    # the unigram baseline of real proteins is near 2^4.19 ~ 18 (residues only, also for clm)
+    assert 15 < metrics["val/baseline_perplexity"] < 21
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 50
 
     # reload: identical outputs (feature-map projections are saved, not redrawn)
     reloaded = load_checkpoint(str(tmp_path / "checkpoints" / "last.ckpt"))
