@@ -105,6 +105,8 @@ class FeatureMap(nn.Module):
     normalizer_eps: float | None = None
     #: True if the map owns a random projection (``redraw`` does something)
     random: bool = False
+    #: True if ``normalizer_floor`` returns a tensor (the decoding state then tracks it)
+    has_normalizer_floor: bool = False
 
     def __init__(self, head_dim: int):
         super().__init__()
@@ -226,8 +228,9 @@ class FavorPlusPlus(FavorPlus):
     def update_rho(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """EMA update of rho from raw queries/keys (B, H, L, d); the first update sets it."""
         new = self._rho_of(q, k, mask)
-        m = max(self.momentum, 1.0 / float(self.rho_updates.item() + 1))
-        self.rho.mul_(1 - m).add_(m * new.expand_as(self.rho))
+        # weight max(momentum, 1/(n+1)) as a tensor op: no host-device sync
+        m = (1.0 / (self.rho_updates + 1).to(self.rho.dtype)).clamp_min(self.momentum)
+        self.rho.mul_(1 - m).add_(m * new)
         self.rho_updates.add_(1)
 
     @torch.no_grad()
@@ -279,6 +282,7 @@ class TrigFeatures(_Projected):
 
     normalizer_eps = 1e-12
     floor = 1e-6
+    has_normalizer_floor = True
     #: cap on |x|^2/2 in the keys' exp(|x|^2/2) factor (only reached at logits in the hundreds)
     max_log_scale = 40.0
 

@@ -161,7 +161,7 @@ class Attention(nn.Module):
         S, Z = init_linear_state(batch_size, self.heads, self.feature_map.num_features, self.head_dim,
                                  device=device, dtype=dtype)
         state = {"pos": 0, "S": S, "Z": Z}
-        if self.feature_map.normalizer_floor(torch.zeros(1, 1, 1, self.head_dim), True) is not None:
+        if self.feature_map.has_normalizer_floor:
             state["floor"] = torch.zeros(batch_size, self.heads, 1, device=device, dtype=dtype)
         return state
 
