@@ -291,7 +291,9 @@ def plot(args, rnn, naive, kv, rss, rnn_times) -> None:
     ax = axes[0]
     steps = list(range(1, len(rnn_times) + 1))
     ax.plot(steps, [t * 1e3 for t in rnn_times], ",", color="tab:blue", alpha=0.25)
-    ax.plot(P, [rnn[p]["time"] * 1e3 for p in P], "o-", color="tab:blue", label="RNN mode (FAVOR+), median")
+    ax.plot(P, [rnn[p]["time"] * 1e3 for p in P], "o:", color="tab:blue", alpha=0.6,
+            label="RNN mode (FAVOR+), single run, window median (dots: every step)")
+    ax.plot(P, [rnn[p]["interleaved"] * 1e3 for p in P], "o-", color="navy", label="RNN mode, interleaved median")
     ax.plot(P, [naive[p]["time"] * 1e3 for p in P], "s-", color="tab:red", label="re-run prefix (FAVOR+)")
     ax.plot(P, [kv[p]["time"] * 1e3 for p in P], "^-", color="tab:green", label="KV cache (exact softmax)")
     ax.set(xscale="log", yscale="log", xlabel="position", ylabel="ms per token", title="time per token")
