@@ -106,6 +106,6 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
         raise FileNotFoundError(f"checkpoint {path}: no such file")
     try:
         module = ProteinLM.load_from_checkpoint(path, map_location=map_location)
-    except (KeyError, RuntimeError, EOFError, ValueError) as e:
+    except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
         raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {e})") from e
     return module.eval()

@@ -100,3 +100,10 @@ def test_bad_config_key_and_missing_checkpoint_are_clear(tmp_path):
     assert out.returncode != 0 and "no_such_key" in out.stderr
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
         load_checkpoint(str(tmp_path / "nope.ckpt"))
+
+
+def test_a_file_that_is_not_a_checkpoint_is_a_one_line_error(tmp_path):
+    junk = tmp_path / "notes.ckpt"
+    junk.write_text("this is not a checkpoint\n")
+    with pytest.raises(ValueError, match=r"checkpoint .*notes\.ckpt: cannot load"):
+        load_checkpoint(str(junk))
