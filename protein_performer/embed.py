@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .io import ParseError, read_records
+from .device import resolve_device
 from .tokenizer import InvalidSequenceError, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,6 @@ def token_budget_batches(lengths: Sequence[int], token_budget: int) -> list[list
     return batches
 
 
-def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def _dtype(precision: str | int) -> torch.dtype:
     p = str(precision).lower()
     table = {"32": torch.float32, "fp32": torch.float32, "32-true": torch.float32,
@@ -137,7 +132,7 @@ def load_model(model: Any, device: str = "cpu"):
             if isinstance(k, str):
                 kernel = k
                 break
-    net = net.to(_device(device)).eval()
+    net = net.to(resolve_device(device)).eval()
     return net, tokenizer, kernel
 
 

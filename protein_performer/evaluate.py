@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .objectives import IGNORE, mask_tokens, token_stats, unigram_baseline
+from .device import resolve_device
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -210,12 +211,6 @@ def _batches(pieces: list[Piece], max_tokens: int, batch_size: int) -> Iterable[
         yield batch
 
 
-def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 @torch.no_grad()
 def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
                    max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
@@ -231,7 +226,7 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
     proteins = _as_proteins(sequences, tokenizer)
     if not proteins:
         raise ValueError("nothing to evaluate: no sequences")
-    dev = _device(device)
+    dev = resolve_device(device)
     task = task.to(dev).eval()
     freqs = task.aa_frequencies
     if freqs is not None:

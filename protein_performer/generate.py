@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .device import resolve_device
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
 
 
@@ -362,14 +363,6 @@ def load_generator(ckpt: str, device="cpu"):
     return task.model.eval(), task
 
 
-def resolve_device(device: str | None) -> torch.device:
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise GenerationError(f"device={device} requested but CUDA is not available")
-    return torch.device(device)
-
-
 def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, min_length: int = 0,
         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, prompt: str | None = None,
         seed: int | None = 0, batch_size: int | None = None, device: str | None = "auto",
@@ -380,7 +373,10 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
     if not output:
         raise GenerationError("no output given: pass output=OUT.fasta")
     check_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
-    dev = resolve_device(device)
+    try:
+        dev = resolve_device(device)
+    except ValueError as e:
+        raise GenerationError(str(e)) from e
     model, task = load_generator(ckpt, device=dev)
     tokenizer = task.tokenizer
     prompt = "".join(str(prompt).split()).upper() if prompt else ""

@@ -107,5 +107,7 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
     try:
         module = ProteinLM.load_from_checkpoint(path, map_location=map_location)
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
-        raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {e})") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
     return module.eval()
+
