@@ -214,6 +214,17 @@ class Embedder:
 
 
 # --- reading inputs ------------------------------------------------------------------
+
+def build_embedder(model: Any, device: str, unknown: str, layers, pooling, per_residue: bool, precision,
+                   long_alone: int | None):
+    """Load the model and set up an :class:`Embedder` -> (embedder, tokenizer, kernel)."""
+    net, tokenizer, kernel = load_model(model, device)
+    if unknown != "error":
+        tokenizer = Tokenizer(unknown=unknown)
+    emb = Embedder(net, resolve_layers(layers, net.depth), resolve_pooling(pooling), per_residue, precision,
+                   kernel, long_alone)
+    return emb, tokenizer, kernel
+
 @dataclass
 class Item:
     id: str
@@ -334,12 +345,9 @@ def embed(model: Any, sequences: Any, *, layers: int | Sequence[int] = -1, pooli
     keyed by absolute layer number. Rows follow input order; duplicates (by id) and, with
     ``on_invalid="skip"``, invalid sequences are left out and counted in ``skipped``.
     """
-    net, tokenizer, kernel = load_model(model, device)
-    if unknown != "error":
-        tokenizer = Tokenizer(unknown=unknown)
-    layers = resolve_layers(layers, net.depth)
-    pooling = resolve_pooling(pooling)
-    emb = Embedder(net, layers, pooling, per_residue, precision, kernel, long_alone)
+    emb, tokenizer, _ = build_embedder(model, device, unknown, layers, pooling, per_residue, precision,
+                                            long_alone)
+    net, layers, pooling = emb.model, emb.layers, emb.pooling
     skips = Skips()
     stats: dict = {}
     pairs = list(_tokenized(read_inputs(sequences, stats=stats), tokenizer, skips, set(), on_invalid))
@@ -520,12 +528,9 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
         raise ValueError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
     if on_invalid not in ("skip", "error"):
         raise ValueError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
-    net, tokenizer, kernel = load_model(ckpt, device)
-    if unknown != "error":
-        tokenizer = Tokenizer(unknown=unknown)
-    layers = resolve_layers(layers, net.depth)
-    pooling = resolve_pooling(pooling)
-    emb = Embedder(net, layers, pooling, per_residue, precision, kernel, long_alone)
+    emb, tokenizer, kernel = build_embedder(ckpt, device, unknown, layers, pooling, per_residue, precision,
+                                            long_alone)
+    net, layers, pooling = emb.model, emb.layers, emb.pooling
     meta = {"checkpoint": str(ckpt) if isinstance(ckpt, (str, Path)) else type(ckpt).__name__,
             "input": str(input), "kernel": kernel or "", "precision": str(precision)}
     h5 = H5Writer(output, layers, pooling, per_residue, net.embed.embedding_dim, meta) if output else None
