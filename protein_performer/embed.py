@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .io import ParseError, read_records
+from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .tokenizer import InvalidSequenceError, Tokenizer
 
@@ -82,24 +83,6 @@ def resolve_pooling(pooling: str | Sequence[str]) -> list[str]:
         if p not in POOLINGS:
             raise ValueError(f"pooling {p!r} is not one of {', '.join(POOLINGS)}")
     return list(dict.fromkeys(pooling))
-
-
-def token_budget_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Indices grouped so that ``len(batch) * longest <= token_budget`` (padded tokens),
-    longest first so that an out-of-memory shows up at once; a protein longer than the
-    budget forms a batch of its own."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, cur, longest = [], [], 0
-    for i in order:
-        m = max(longest, lengths[i])
-        if cur and m * (len(cur) + 1) > token_budget:
-            batches.append(cur)
-            cur, m = [], lengths[i]
-        cur.append(i)
-        longest = m
-    if cur:
-        batches.append(cur)
-    return batches
 
 
 def _dtype(precision: str | int) -> torch.dtype:

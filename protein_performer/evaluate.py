@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .objectives import IGNORE, mask_tokens, token_stats, unigram_baseline
+from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .tokenizer import Tokenizer
 
@@ -196,21 +197,6 @@ def _window_for(task, window: int | None, stride: int | None) -> tuple[int | Non
     return None, None, None
 
 
-def _batches(pieces: list[Piece], max_tokens: int, batch_size: int) -> Iterable[list[Piece]]:
-    """Longest first; each batch pads to its longest piece and keeps rows x length <= max_tokens."""
-    order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i].inputs))
-    batch: list[Piece] = []
-    for i in order:
-        p = pieces[i]
-        width = len(batch[0].inputs) if batch else len(p.inputs)
-        if batch and ((len(batch) + 1) * width > max_tokens or len(batch) >= batch_size):
-            yield batch
-            batch = []
-        batch.append(p)
-    if batch:
-        yield batch
-
-
 @torch.no_grad()
 def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
                    max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
@@ -253,7 +239,8 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr)
-    for batch in _batches(pieces, max_tokens, batch_size):
+    for idx in token_budget_batches([len(p.inputs) for p in pieces], max_tokens, batch_size):
+        batch = [pieces[i] for i in idx]
         width = max(len(p.inputs) for p in batch)
         inputs = torch.full((len(batch), width), tokenizer.pad_id, dtype=torch.long)
         labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)

@@ -10,7 +10,7 @@ epoch after the batches already consumed, so nothing is seen twice or skipped.
 from __future__ import annotations
 
 import bisect
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import DistributedSampler
@@ -108,3 +108,22 @@ class TokenBudgetBatchSampler(DistributedSampler):
                              f"{state.get('num_replicas')} ranks, this run has seed {self.seed} and "
                              f"{self.num_replicas} ranks")
         self.epoch, self.start = int(state["epoch"]), int(state["consumed"])
+
+
+def token_budget_batches(lengths: Sequence[int], token_budget: int, max_batch: int | None = None) -> list[list[int]]:
+    """Indices grouped so that ``len(batch) * longest <= token_budget`` (padded tokens) and
+    at most ``max_batch`` items, longest first so that an out-of-memory shows up at once;
+    a protein longer than the budget forms a batch of its own. (Inference: evaluation,
+    embedding.)"""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, cur, longest = [], [], 0
+    for i in order:
+        m = max(longest, lengths[i])
+        if cur and (m * (len(cur) + 1) > token_budget or (max_batch is not None and len(cur) >= max_batch)):
+            batches.append(cur)
+            cur, m = [], lengths[i]
+        cur.append(i)
+        longest = m
+    if cur:
+        batches.append(cur)
+    return batches
