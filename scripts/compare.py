@@ -4,7 +4,8 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from protein_performer.evaluate import compare, flatten_overrides, format_table, perplexity_gaps
+from protein_performer.compare import compare, flatten_overrides, perplexity_gaps
+from protein_performer.evaluate import format_table
 from protein_performer.io import ParseError
 
 

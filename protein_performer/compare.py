@@ -1,0 +1,133 @@
+"""The comparison experiment: train several attention kernels with the same budget and
+seed, evaluate them the same way (:mod:`protein_performer.evaluate`), write one table."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+from .evaluate import evaluate, format_table
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+GENERATED_END = "<!-- end of generated part: text below this line is kept when scripts/compare.py rewrites the file -->"
+
+
+def flatten_overrides(tree: dict, prefix: str = "") -> list[str]:
+    """{"trainer": {"max_steps": 5}} -> ["trainer.max_steps=5"] (Hydra command-line overrides)."""
+    out = []
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += flatten_overrides(v, key + ".")
+        else:
+            out.append(f"{key}={'null' if v is None else v}")
+    return out
+
+
+def compose_train_config(overrides: Sequence[str]):
+    """The training config that ``scripts/train.py OVERRIDES`` would run, composed from conf/
+    (inside a running Hydra app its config search path is used)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    if GlobalHydra.instance().is_initialized():
+        return compose("train", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str | Path, output_dir: str | Path,
+            *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
+            exact_name: str = "transformer", **eval_kwargs) -> dict[str, dict]:
+    """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
+    seed, data) through :func:`protein_performer.training.train`, evaluate the last
+    checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
+    with the PNG beside it). ``reuse``: a run whose ``checkpoints/last.ckpt`` exists is not
+    trained again."""
+    import time
+
+    from .training import train
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpts, train_info = [], {}
+    for name in models:
+        run_dir = out / "runs" / name
+        last = run_dir / "checkpoints" / "last.ckpt"
+        cfg = compose_train_config([f"model={name}", *train_overrides])
+        if reuse and last.is_file() and (run_dir / "train_summary.json").is_file():
+            train_info[name] = json.loads((run_dir / "train_summary.json").read_text())
+            log.info("%s: reusing %s", name, last)
+        else:
+            t0 = time.time()
+            summary, task = train(cfg, run_dir)
+            info = {"train_seconds": round(time.time() - t0, 1),
+                    "parameters": sum(p.numel() for p in task.parameters()),
+                    "val_perplexity": summary.get("val/perplexity"), "val_accuracy": summary.get("val/accuracy"),
+                    "max_steps": int(cfg.trainer.max_steps), "kernel": cfg.model.attention.kernel}
+            (run_dir / "train_summary.json").write_text(json.dumps(info, indent=2))
+            train_info[name] = info
+        ckpts.append(str(last))
+    results = evaluate(ckpts, heldout, out / "eval", names=list(models), **eval_kwargs)
+    for name in models:
+        results[name]["training"] = train_info[name]
+    (out / "comparison.json").write_text(json.dumps(results, indent=2))
+    if doc is not None:
+        write_comparison_doc(results, doc, out / "eval" / "metrics.png", train_overrides, heldout,
+                             command=command, exact_name=exact_name)
+    return results
+
+
+def perplexity_gaps(results: dict[str, dict], exact_name: str = "transformer") -> dict[str, float]:
+    """Relative perplexity of each model against the exact model: ppl / ppl_exact - 1."""
+    if exact_name not in results or results[exact_name]["perplexity"] is None:
+        return {}
+    ref = results[exact_name]["perplexity"]
+    return {n: m["perplexity"] / ref - 1 for n, m in results.items() if n != exact_name and m["perplexity"]}
+
+
+def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | Path, train_overrides: Sequence[str],
+                         heldout: str | Path, *, command: str | None = None, exact_name: str = "transformer") -> None:
+    """Write the table, gaps and plot into ``doc``, keeping any text after GENERATED_END."""
+    import datetime
+    import shutil
+
+    doc = Path(doc)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    png_dst = doc.with_suffix(".png")
+    shutil.copyfile(png, png_dst)
+    kept = ""
+    if doc.is_file() and GENERATED_END in (old := doc.read_text()):
+        kept = old.split(GENERATED_END, 1)[1]
+    any_m = next(iter(results.values()))
+    ev = any_m["evaluation"]
+    lines = [
+        "# Performer against exact softmax attention, at equal steps",
+        "",
+        f"Generated by `{command or 'scripts/compare.py'}` on {datetime.date.today().isoformat()}.",
+        "",
+        f"* Held-out set: `{heldout}` ({any_m['num_sequences']} proteins; "
+        f"{ev['objective']}, scored: {ev['scored']}, seed {ev['seed']}).",
+        "* Same budget and seed for every model (overrides of `conf/train.yaml`): `"
+        + " ".join(train_overrides) + "`.",
+        "* Baseline: amino-acid frequencies of the training data (stored in each checkpoint).",
+        "",
+        "| model | kernel | steps | train s | params | held-out ppl | acc | gap vs exact | baseline ppl | "
+        "baseline acc | tokens | seen whole? |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    gaps = perplexity_gaps(results, exact_name)
+    for name, m in results.items():
+        t = m.get("training", {})
+        e = m["evaluation"]
+        whole = "yes" if e["full_length"] else f"window {e['window']}/stride {e['stride']} for {e['windowed_sequences']}"
+        gap = f"{100 * gaps[name]:+.2f} %" if name in gaps else ("(reference)" if name == exact_name else "–")
+        lines.append(f"| {name} | {e['attention_kernel']} | {m.get('step')} | {t.get('train_seconds', '–')} | "
+                     f"{t.get('parameters', '–')} | {m['perplexity']:.3f} | {100 * m['accuracy']:.2f} % | {gap} | "
+                     f"{m['baseline_perplexity']:.3f} | {100 * m['baseline_accuracy']:.2f} % | {m['num_tokens']} | "
+                     f"{whole} |")
+    lines += ["", "Perplexity by protein length (residues):", "", format_table(results), "",
+              f"![perplexity and accuracy by length]({png_dst.name})", "", GENERATED_END]
+    doc.write_text("\n".join(lines) + (kept if kept else "\n"))
