@@ -130,6 +130,9 @@ def read_uniprot(path: str | Path, *, skip_empty: bool = False, stats: dict | No
                 elif stats is not None:
                     stats["empty"] = stats.get("empty", 0) + 1
                 entry, in_seq = None, False
+            elif line[:1] not in (" ", "\n", "\r") and line.strip():  # sequence lines are indented
+                raise ParseError(f"{path}:{n}: record {entry[1]!r} (line {entry[0]}) has no '//' terminator "
+                                 f"before {line.strip()[:40]!r}")
             else:
                 seq.append(line.replace(" ", "").strip())
             continue

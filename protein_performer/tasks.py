@@ -29,8 +29,9 @@ class ProteinLM(pl.LightningModule):
         self.save_hyperparameters()
         self.tokenizer = Tokenizer()
         self.model = PerformerLM(vocab_size=self.tokenizer.vocab_size, causal=objective == "clm", **dict(model))
-        self.val_sums = torch.nn.ModuleDict({k: SumMetric() for k in ("nll", "correct", "count",
-                                                                      "base_nll", "base_correct", "base_count")})
+        # float64 sums: token counts pass 2^24 long before TrEMBL-sized validation sets end
+        self.val_sums = torch.nn.ModuleDict({k: SumMetric().set_dtype(torch.float64)
+                                             for k in ("nll", "correct", "count", "base_nll", "base_correct")})
 
     @property
     def aa_frequencies(self) -> torch.Tensor | None:
@@ -54,17 +55,17 @@ class ProteinLM(pl.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        s = self._stats(batch)
+        # Scored positions are residues. clm trains on <eos> targets too, but validation, like
+        # evaluate.py, scores the model and the unigram baseline on the same residue positions.
+        labels = batch["labels"].masked_fill(batch["labels"] < self.tokenizer.aa_offset, IGNORE)
+        s = token_stats(self(batch["inputs"], batch["padding_mask"]), labels)
         self.val_sums["nll"].update(s.nll)
         self.val_sums["correct"].update(s.correct)
         self.val_sums["count"].update(s.count)
         if self.aa_frequencies is not None:
-            # the baseline scores residues only: it has no probability for <eos> (clm labels)
-            labels = batch["labels"].masked_fill(batch["labels"] < self.tokenizer.aa_offset, IGNORE)
             b = unigram_baseline(self.aa_frequencies.to(s.nll.device).float(), labels)
             self.val_sums["base_nll"].update(b.nll)
             self.val_sums["base_correct"].update(b.correct)
-            self.val_sums["base_count"].update(b.count)
 
     def on_validation_epoch_end(self):
         sums = {k: m.compute() for k, m in self.val_sums.items()}
@@ -72,13 +73,12 @@ class ProteinLM(pl.LightningModule):
             m.reset()
         count = sums["count"].clamp(min=1)
         loss = sums["nll"] / count
-        base_count = sums["base_count"].clamp(min=1)
         self.log("val/loss", loss, prog_bar=True, sync_dist=False)
         self.log("val/perplexity", torch.exp(loss), prog_bar=True)
         self.log("val/accuracy", sums["correct"] / count, prog_bar=True)
         if self.aa_frequencies is not None:
-            self.log("val/baseline_perplexity", torch.exp(sums["base_nll"] / base_count))
-            self.log("val/baseline_accuracy", sums["base_correct"] / base_count)
+            self.log("val/baseline_perplexity", torch.exp(sums["base_nll"] / count))
+            self.log("val/baseline_accuracy", sums["base_correct"] / count)
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -88,3 +88,13 @@ def test_malformed_flat_file_errors(tmp_path):
 def test_missing_file():
     with pytest.raises(FileNotFoundError, match="nope.fasta"):
         list(read_records("nope.fasta"))
+
+
+def test_flat_file_record_missing_its_terminator_inside_the_sequence_block(tmp_path):
+    text = (FIX / "emboss_trembl_9records_2012.dat").read_text()
+    first_end = text.index("\n//\n")
+    broken = tmp_path / "noterm.dat"
+    broken.write_text(text[:first_end + 1] + text[first_end + 4:])  # drop the first record's '//'
+    first_id = text.split()[1]
+    with pytest.raises(ParseError, match=rf"noterm\.dat:\d+: record '{first_id}' \(line 1\) has no '//' terminator"):
+        list(read_uniprot(broken))

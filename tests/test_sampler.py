@@ -199,3 +199,14 @@ def test_trembl_configs_point_at_uniprot(tmp_path):
     dm = ShardDataModule(url=t.data.url, data_dir=str(tmp_path), download=False)
     with pytest.raises(FileNotFoundError, match="data.download=true"):
         dm.source_file()
+
+
+def test_concat_window_lengths_by_hand_with_an_empty_shard():
+    from types import SimpleNamespace
+
+    from protein_performer.data.concat import ConcatWindows
+    streams = [np.arange(10, dtype=np.uint8), np.zeros(0, np.uint8), np.arange(5, dtype=np.uint8)]
+    fake = SimpleNamespace(shards=[{"tokens": len(s)} for s in streams], tokens=lambda j: streams[j])
+    ds = ConcatWindows(fake, window=4)
+    assert ds.lengths.tolist() == [4, 4, 2, 4, 1]  # 10 = 4+4+2, empty shard: none, 5 = 4+1
+    assert [len(ds[i]) for i in range(len(ds))] == ds.lengths.tolist()

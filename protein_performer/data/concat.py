@@ -24,7 +24,8 @@ class ConcatWindows(Dataset):
         self.starts = np.concatenate(([0], np.cumsum(counts)))
         self.lengths = np.full(int(self.starts[-1]), window, dtype=np.int64)
         tails = totals - (counts - 1) * window
-        self.lengths[self.starts[1:] - 1] = tails
+        nonempty = counts > 0  # an empty shard has no window (and must not overwrite its neighbour's tail)
+        self.lengths[self.starts[1:][nonempty] - 1] = tails[nonempty]
 
     def __len__(self) -> int:
         return int(self.starts[-1])
