@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from .device import resolve_device
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
@@ -350,13 +349,8 @@ def load_generator(ckpt: str, device="cpu"):
         raise GenerationError("no checkpoint given: pass ckpt=PATH")
     try:
         task = load_checkpoint(str(ckpt), map_location=device)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:  # load_checkpoint's messages are already one line
         raise GenerationError(str(e)) from e
-    except ValueError as e:
-        raise GenerationError(str(e).splitlines()[0]) from e
-    except Exception as e:  # not a checkpoint at all (unpickling, zip, ...): one line, not a traceback
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise GenerationError(f"checkpoint {ckpt}: cannot load ({type(e).__name__}: {first})") from e
     if task.hparams.objective != "clm" or not task.model.causal:
         raise GenerationError(f"checkpoint {ckpt}: trained with objective={task.hparams.objective}; "
                               "generation needs a causal model (objective=clm)")

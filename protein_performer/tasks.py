@@ -13,7 +13,7 @@ import torch
 from torchmetrics import SumMetric
 
 from .model import PerformerLM
-from .objectives import IGNORE, TokenStats, token_stats, unigram_baseline
+from .objectives import IGNORE, token_stats, unigram_baseline
 from .tokenizer import VERSION, Tokenizer
 
 
@@ -41,12 +41,8 @@ class ProteinLM(pl.LightningModule):
     def forward(self, inputs: torch.Tensor, padding_mask: torch.Tensor | None = None, **kw):
         return self.model(inputs, padding_mask, **kw)
 
-    def _stats(self, batch) -> TokenStats:
-        logits = self(batch["inputs"], batch["padding_mask"])
-        return token_stats(logits, batch["labels"])
-
     def training_step(self, batch, batch_idx):
-        s = self._stats(batch)
+        s = token_stats(self(batch["inputs"], batch["padding_mask"]), batch["labels"])
         loss = s.nll / s.count.clamp(min=1)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/perplexity", torch.exp(loss.detach()))

@@ -188,23 +188,20 @@ def matmul_rate(threads: int) -> dict:
 
     torch.set_num_threads(threads)
     out = {}
-    a = torch.randn(2048, 2048)
-    b = torch.randn(2048, 2048)
-    a @ b
-    ts = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a @ b
-        ts.append(time.perf_counter() - t0)
-    out["mm2048_gflops"] = 2 * 2048 ** 3 / min(ts) / 1e9
+
+    def best_seconds(fn, reps: int = 5) -> float:
+        fn()  # warm-up
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    out["mm2048_gflops"] = 2 * 2048 ** 3 / best_seconds(lambda: a @ b) / 1e9
     x, w = torch.randn(8, 8192, 256), torch.randn(8, 256, 64)
-    x @ w
-    ts = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x @ w
-        ts.append(time.perf_counter() - t0)
-    out["bmm_gflops"] = 2 * 8 * 8192 * 256 * 64 / min(ts) / 1e9
+    out["bmm_gflops"] = 2 * 8 * 8192 * 256 * 64 / best_seconds(lambda: x @ w) / 1e9
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..io import read_records
-from ..tokenizer import Tokenizer
+from ..tokenizer import InvalidSequenceError, Tokenizer
 from .collate import Collator
 from .datasets import CropDataset
 from .split import split_of
@@ -32,7 +32,6 @@ def tokenize_file(path: str | Path, tokenizer: Tokenizer, fmt: str | None = None
                   skip_invalid: bool = False, stats: dict | None = None):
     """Yield (record, uint8 tokens). Invalid records raise (file, record, line) or, with
     ``skip_invalid``, are counted in ``stats['invalid']``."""
-    from ..tokenizer import InvalidSequenceError
     stats = stats if stats is not None else {}
     for n, rec in enumerate(read_records(path, fmt, skip_empty=skip_invalid, stats=stats)):
         if max_records is not None and n >= max_records:
