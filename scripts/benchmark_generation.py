@@ -76,6 +76,8 @@ def rnn_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
         s["pos"] = p - 1
         s["S"].uniform_(0, 1)
         s["Z"].uniform_(1, 2)
+        if "m" in s:  # running key log-scale: a finite value, so the filled S and Z stay in use
+            s["m"].zero_()
     state["pos"] = p - 1
     return state
 

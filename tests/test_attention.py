@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from protein_performer.attention import (KERNELS, Attention, CausalLinearProduct, FavorPlus, FavorPlusPlus,
+from protein_performer.attention import (KERNELS, Attention, CausalLinearAttention, FavorPlus, FavorPlusPlus,
                                          build_feature_map, linear_attention, linear_attention_step,
                                          init_linear_state, softmax_attention_sdpa)
 from protein_performer.attention.naive import (naive_linear_attention, naive_recurrent_linear_attention,
@@ -69,8 +69,10 @@ def test_causal_product_gradcheck(L, chunk):
     q = _positive(2, L, 3, seed=10).requires_grad_()
     k = _positive(2, L, 3, seed=11).requires_grad_()
     v = _normal(2, L, 2, seed=12).requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, b, c: CausalLinearProduct.apply(a, b, c, chunk), (q, k, v),
-                                    fast_mode=L > 13)
+    M = torch.cummax(_normal(2, L, seed=31), dim=1).values  # running maxima of key log-scales
+    for scale in (None, M):
+        assert torch.autograd.gradcheck(lambda a, b, c: CausalLinearAttention.apply(a, b, c, scale, 1e-30, chunk),
+                                        (q, k, v), fast_mode=L > 13)
 
 
 @pytest.mark.parametrize("L,chunk", [(1, 4), (10, 4), (12, 3)])
@@ -132,7 +134,8 @@ def test_stabilized_features_give_same_attention(kernel):
         fm.rho.fill_(0.3)
     q, k, v = _normal(1, 2, 20, 16, seed=26) * 0.7, _normal(1, 2, 20, 16, seed=27) * 0.7, _normal(1, 2, 20, 5, seed=28)
     raw = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, causal=True)
-    stab = linear_attention(fm(q, True), fm(k, False), v, causal=True, eps=fm.normalizer_eps)
+    kf, k_log_scale = fm(k, False)
+    stab = linear_attention(fm(q, True), kf, v, causal=True, eps=fm.normalizer_eps, k_log_scale=k_log_scale)
     torch.testing.assert_close(stab, raw, rtol=1e-9, atol=1e-11)
 
 
@@ -157,8 +160,8 @@ def test_positive_features_are_unbiased_softmax_kernel(kernel):
 def test_key_features_bounded_and_finite_at_extreme_inputs():
     fm = FavorPlus(64, 256)
     k = torch.randn(1, 1, 1000, 64) * torch.logspace(-2, 1.3, 1000).view(1, 1, -1, 1)  # norms up to ~160
-    f = fm(k, is_query=False)
-    assert torch.isfinite(f).all() and f.max() <= 1.0
+    f, log_scale = fm(k, is_query=False)
+    assert torch.isfinite(f).all() and torch.allclose(f.amax(-1), torch.ones(1000)) and torch.isfinite(log_scale).all()
     fq = fm(k, is_query=True)
     assert torch.isfinite(fq).all() and torch.allclose(fq.amax(-1), torch.ones(1000))
 

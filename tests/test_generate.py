@@ -146,9 +146,9 @@ def test_state_size_constant_for_linear_kernels_and_growing_kv_cache_for_exact()
         assert (sizes[-1] > sizes[0]) == grows
         if grows:  # 2 (k, v) x depth x B x H x pos x head_dim x 4 bytes
             assert sizes[-1] == 2 * 2 * 2 * 2 * 50 * 16 * 4
-        else:  # S (B,H,r,d) + Z (B,H,r) per layer, fp32
+        else:  # S (B,H,r,d) + Z (B,H,r) + running key log-scale m (B,H,1) per layer, fp32
             r = model.blocks[0].attn.num_features
-            assert sizes[-1] == sizes[0] == 2 * (2 * 2 * r * 16 + 2 * 2 * r) * 4
+            assert sizes[-1] == sizes[0] == 2 * (2 * 2 * r * 16 + 2 * 2 * r + 2 * 2) * 4
 
 
 # --- sampling filters against hand-made distributions ---------------------------------------------

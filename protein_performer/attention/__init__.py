@@ -3,24 +3,24 @@
 Public API:
     linear_attention(q, k, v, causal=False, key_padding_mask=None, chunk_size=None)
     linear_attention_step(q, k, v, state)          recurrent causal step
-    causal_product / CausalLinearProduct           chunked causal product with its own backward
+    CausalLinearAttention                          chunked causal attention with its own backward
     softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
     Attention(dim, heads, kernel="softmax", ...)   the module the model uses
     kernel_attention(feature_map, q, k, v, ...)    raw q, k -> features -> attention
     FavorPlus, FavorPlusPlus, TrigFeatures, ReluFeatures, EluFeatures, build_feature_map
     naive.*                                        quadratic references (tests only)
 """
-from .feature_maps import (KERNELS, EluFeatures, FavorPlus, FavorPlusPlus, FeatureMap, ReluFeatures,
+from .feature_maps import (KERNELS, EluFeatures, FavorPlus, FavorPlusPlus, FeatureMap, KeyFeatures, ReluFeatures,
                            TrigFeatures, build_feature_map, gaussian_random_matrix, oprf_A, oprf_rho)
 from .layer import Attention, kernel_attention, projection_seed
-from .linear import (CausalLinearProduct, causal_product, init_linear_state, linear_attention,
+from .linear import (CausalLinearAttention, causal_product, init_linear_state, linear_attention,
                      linear_attention_step)
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
 __all__ = [
     "Attention", "linear_attention", "linear_attention_step", "init_linear_state", "causal_product",
-    "CausalLinearProduct", "softmax_attention_sdpa", "RotaryEmbedding", "KERNELS", "FeatureMap",
+    "CausalLinearAttention", "KeyFeatures", "softmax_attention_sdpa", "RotaryEmbedding", "KERNELS", "FeatureMap",
     "FavorPlus", "FavorPlusPlus", "TrigFeatures", "ReluFeatures", "EluFeatures", "build_feature_map",
     "gaussian_random_matrix", "oprf_A", "oprf_rho", "projection_seed", "kernel_attention",
 ]

@@ -17,6 +17,7 @@ Give each layer its own ``seed`` (e.g. the layer index) for independent projecti
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any
 
 import torch
@@ -40,10 +41,10 @@ def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     features, then :func:`linear_attention` with the map's normalizer guard."""
     if feature_map is None:
         return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
-    qf, kf = feature_map(q, is_query=True), feature_map(k, is_query=False)
+    qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
     floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
     return linear_attention(qf, kf, v, causal=causal, key_padding_mask=key_padding_mask, chunk_size=chunk_size,
-                            eps=feature_map.normalizer_eps if floor is None else floor)
+                            eps=feature_map.normalizer_eps if floor is None else floor, k_log_scale=k_log_scale)
 
 
 class Attention(nn.Module):
@@ -76,6 +77,9 @@ class Attention(nn.Module):
             if dim % heads:
                 raise ValueError(f"dim={dim} is not divisible by heads={heads}")
             head_dim = dim // heads
+        if kernel == "trig":
+            warnings.warn("attention kernel 'trig' (random Fourier features) can give near-zero or negative "
+                          "normalizers: outputs are floored, not right; unsafe for training", stacklevel=2)
         self.dim, self.heads, self.head_dim, self.kernel = dim, heads, head_dim, kernel
         self.causal, self.chunk_size, self.seed = causal, chunk_size, seed
         self.redraw_interval = redraw_interval or 0
@@ -158,9 +162,9 @@ class Attention(nn.Module):
             empty = torch.zeros(batch_size, self.heads, 0, self.head_dim, device=device, dtype=dtype)
             return {"pos": 0, "k": empty, "v": empty.clone()}
         dtype = torch.promote_types(self.to_qkv.weight.dtype, torch.float32)
-        S, Z = init_linear_state(batch_size, self.heads, self.feature_map.num_features, self.head_dim,
-                                 device=device, dtype=dtype)
-        state = {"pos": 0, "S": S, "Z": Z}
+        S, Z, m = init_linear_state(batch_size, self.heads, self.feature_map.num_features, self.head_dim,
+                                    device=device, dtype=dtype)
+        state = {"pos": 0, "S": S, "Z": Z, "m": m}
         if self.feature_map.has_normalizer_floor:
             state["floor"] = torch.zeros(batch_size, self.heads, 1, device=device, dtype=dtype)
         return state
@@ -178,12 +182,14 @@ class Attention(nn.Module):
             out = softmax_attention_sdpa(q, K, V, causal=False)
             return self._merge(out).squeeze(1), {"pos": pos + 1, "k": K, "v": V}
         fm = self.feature_map
-        qf, kf = fm(q, is_query=True)[:, :, 0], fm(k, is_query=False)[:, :, 0]
+        qf, (kf, k_log_scale) = fm(q, is_query=True)[:, :, 0], fm(k, is_query=False)
         new = {"pos": pos + 1}
         eps = fm.normalizer_eps
         if "floor" in state:  # running sum of the per-key floor contributions
             new["floor"] = eps = state["floor"] + fm.normalizer_floor(k, True)[:, :, 0].to(state["floor"].dtype)
-        out, (new["S"], new["Z"]) = linear_attention_step(qf, kf, v[:, :, 0], (state["S"], state["Z"]), eps=eps)
+        out, (new["S"], new["Z"], new["m"]) = linear_attention_step(
+            qf, kf[:, :, 0], v[:, :, 0], (state["S"], state["Z"], state["m"]), eps=eps,
+            k_log_scale=None if k_log_scale is None else k_log_scale[:, :, 0])
         return self._merge(out.unsqueeze(2)).squeeze(1), new
 
     def extra_repr(self) -> str:

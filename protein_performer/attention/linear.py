@@ -3,22 +3,37 @@ r"""Linear attention D^-1 (Q' (K'^T V)) on feature-mapped queries and keys.
 Three paths behind :func:`linear_attention`:
 
 * bidirectional: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z;
-* causal, chunked: the sequence is cut into chunks of C positions.  Inside a chunk the
-  masked (Q'K'^T)V is a small dense product; across chunks a running state
-  S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried (prefix sums over chunks).  Chunks are processed with
-  one batched matmul for all chunks (no Python loop over chunks).  It is wrapped in
-  :class:`CausalLinearProduct`, a ``torch.autograd.Function`` whose backward recomputes
-  the states chunk by chunk instead of storing them ("Transformers are RNNs",
-  Katharopoulos et al. 2020, eqs. 8-10): with G the output gradient,
-      dQ_i = G_i S_i^T                    (S_i = sum_{j<=i} k_j v_j^T, forward prefix sums)
-      dK_j = R_j V_j,  dV_j = R_j^T K_j   (R_j = sum_{i>=j} q_i g_i^T, reverse prefix sums)
-  so training memory per head is O(L (r + d + C) + (L / C) r d) (inputs, one C x C block
-  per chunk, one r x d state per chunk as a temporary), never O(L r d);
-* recurrent (:func:`linear_attention_step`): one token's q', k', v and the state (S, Z).
+* causal, chunked (:class:`CausalLinearAttention`): the sequence is cut into chunks of C
+  positions.  Inside a chunk the masked (Q'K'^T)V is a small dense product; across chunks a
+  running state S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried (prefix sums over chunks,
+  one batched matmul for all chunks, no Python loop over chunks).  The backward recomputes
+  the states instead of storing one per position ("Transformers are RNNs", Katharopoulos et
+  al. 2020, eqs. 8-10): with G the gradient of the unnormalized product,
+      dQ_i = sum_{j<=i} (g_i . v_j) k_j      (forward prefix sums of k v^T)
+      dK_j = sum_{i>=j} (v_j . g_i) q_i      (reverse prefix sums of q g^T)
+      dV_j = sum_{i>=j} (q_i . k_j) g_i      (reverse prefix sums of q k^T ... g)
+  each of which is again a causal product (the reverse ones on the flipped sequence), so
+  training memory per head is O(L (r + d + C) + (L / C) r d), never O(L r d);
+* recurrent (:func:`linear_attention_step`): one token's q', k', v and the state (S, Z, m).
 
-The normalizer is computed by the same causal product, on a column of ones appended to V.
+Key scales (why exponential features cannot underflow)
+-------------------------------------------------------
+Exponential feature maps (FAVOR+, FAVOR++) hand over each key as ``k'_j exp(s_j)`` with
+``max_r k'_jr = 1`` and the log-scale s_j (see feature_maps.py).  Attention is invariant to
+one common factor on all keys a query sees, so
+
+* bidirectional: every key is rescaled by exp(s_j - max_j s_j) (max over real keys);
+* causal: query i sees keys j <= i through the running maximum M_i = max_{j<=i} s_j:
+  out_i = sum_{j<=i} exp(s_j - M_i) (q'_i.k'_j) v_j / (same with v = 1).
+  All factors exp(s_j - M_i) are <= 1 and the largest visible key has weight 1, so nothing
+  overflows and the dominant terms never underflow; M_i uses positions <= i only, so past
+  outputs do not depend on future keys.  Per chunk the state is kept in units of the chunk's
+  last M and rescaled when carried (online softmax's running-max trick, with a
+  monotone M no factor ever exceeds 1).  The recurrent state carries m = M_t.
+
 All state arithmetic runs in float32 with autocast disabled (float64 inputs stay float64);
-the output is returned in V's dtype.
+the output is returned in V's dtype.  A non-finite value at a padded position is zeroed; one
+at a future position never reaches past outputs (masks select, they do not multiply).
 """
 from __future__ import annotations
 
@@ -27,6 +42,9 @@ import torch.nn.functional as F
 
 #: default chunk length of the causal path
 DEFAULT_CHUNK_SIZE = 128
+
+#: block length (in chunks) of the matmul-based prefix sums over chunks
+_SCAN_BLOCK = 32
 
 
 def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
@@ -37,45 +55,64 @@ def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.reshape(x.shape[0], -1, C, x.shape[-1])
 
 
-#: block length of the matmul-based prefix sums over chunks
-_SCAN_BLOCK = 32
+def _chunks_of_scale(M: torch.Tensor, C: int) -> torch.Tensor:
+    """(G, L) running maxima -> (G, N, C), padded at the end with the last value (stays monotone)."""
+    pad = (-M.shape[1]) % C
+    if pad:
+        M = torch.cat([M, M[:, -1:].expand(-1, pad)], dim=1)
+    return M.reshape(M.shape[0], -1, C)
 
 
-def _exclusive_cumsum(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """out[:, n] = sum_{m<n} x[:, m] (reverse: sum_{m>n}) along dim 1 of x (G, N, ...).
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """out[:, n] = sum_{m<n} x[:, m] along dim 1 of x (G, N, ...).
 
-    Computed as matmuls with a strictly triangular 0/1 matrix inside blocks of 32 chunks, plus
-    a small scan over block totals: on CPU this is several times faster than ``torch.cumsum``
-    along a non-innermost dim, and far faster than a Python loop of small adds (each a
-    multithreaded op whose barrier stalls when the cores are shared).  Cost 2*32 flops per
-    state entry; sums stay in x's dtype (float32 or float64)."""
+    Computed as matmuls with a strictly lower-triangular 0/1 matrix inside blocks of 32
+    chunks, plus a small scan over block totals: on CPU this is several times faster than
+    ``torch.cumsum`` along a non-innermost dim, and far faster than a Python loop of small adds."""
     G, N = x.shape[:2]
     flat = x.reshape(G, N, -1)
     nb = min(N, _SCAN_BLOCK)
     pad = (-N) % nb
     if pad:
-        flat = F.pad(flat, (0, 0, pad, 0) if reverse else (0, 0, 0, pad))
+        flat = F.pad(flat, (0, 0, 0, pad))
     Nb = flat.shape[1] // nb
     blocks = flat.view(G * Nb, nb, -1)
-    T = torch.ones(nb, nb, dtype=x.dtype, device=x.device)
-    T = T.triu(1) if reverse else T.tril(-1)
+    T = torch.ones(nb, nb, dtype=x.dtype, device=x.device).tril(-1)
     out = torch.matmul(T, blocks).view(G, Nb, nb, -1)
     if Nb > 1:
         totals = blocks.sum(1).view(G, Nb, -1)
         offs = torch.zeros_like(totals)
-        if reverse:
-            offs[:, :-1] = totals.flip(1).cumsum(1).flip(1)[:, 1:]
-        else:
-            offs[:, 1:] = totals.cumsum(1)[:, :-1]
+        offs[:, 1:] = totals.cumsum(1)[:, :-1]
         out += offs.unsqueeze(2)
-    out = out.view(G, Nb * nb, -1)
-    out = out[:, pad:] if (pad and reverse) else out[:, :N]
-    return out.reshape(x.shape)
+    return out.view(G, Nb * nb, -1)[:, :N].reshape(x.shape)
 
 
-def _reverse_exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """out[:, n] = sum_{m>n} x[:, m] along dim 1."""
-    return _exclusive_cumsum(x, reverse=True)
+def _scaled_exclusive_cumsum(U: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """out[:, n] = sum_{p<n} U[:, p] exp(e_p - e_{n-1}) for U (G, N, ...) held in units exp(e_p),
+    e (G, N) non-decreasing; out[:, n] is in units exp(e_{n-1}) (out[:, 0] = 0).  Every factor
+    is <= 1.  Blocks of 32 chunks are one matmul with a masked decay matrix; a short loop over
+    blocks carries the running total."""
+    G, N = U.shape[:2]
+    flat = U.reshape(G, N, -1)
+    out = torch.empty_like(flat)
+    nb = min(N, _SCAN_BLOCK)
+    strict = torch.ones(nb, nb, dtype=torch.bool, device=U.device).tril(-1)
+    carry = carry_e = None
+    for s in range(0, N, nb):
+        t = min(nb, N - s)
+        eb = e[:, s:s + t]                                                 # (G, t)
+        first = eb[:, :1] if carry_e is None else carry_e
+        ref = torch.cat([first, eb[:, :-1]], dim=1)                        # e_{n-1} per row n
+        diff = (eb[:, None, :] - ref[:, :, None]).masked_fill(~strict[:t, :t], float("-inf"))
+        o = torch.bmm(diff.exp_(), flat[:, s:s + t])
+        if carry is not None:
+            o += carry[:, None] * torch.exp(carry_e - ref)[..., None]
+        out[:, s:s + t] = o
+        last = eb[:, -1:]
+        total = torch.bmm(torch.exp(eb - last)[:, None, :], flat[:, s:s + t])[:, 0]
+        carry = total if carry is None else carry * torch.exp(carry_e - last) + total
+        carry_e = last
+    return out.reshape(U.shape)
 
 
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -84,150 +121,188 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.reshape(G * N, *a.shape[2:]), b.reshape(G * N, *b.shape[2:])).view(G, N, a.shape[2], b.shape[3])
 
 
-def _addbmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """out += a @ b for (G, N, ., .) tensors, in place."""
-    G, N = a.shape[:2]
-    out.view(G * N, *out.shape[2:]).baddbmm_(a.reshape(G * N, *a.shape[2:]), b.reshape(G * N, *b.shape[2:]))
-    return out
-
-
-def _masked_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """tril(a b^T) per chunk: entry (i, j) = a_i . b_j for j <= i, else 0."""
-    return _bmm(a, b.transpose(-1, -2)).tril_()
+def _past_states(U: torch.Tensor, exclusive_scan) -> torch.Tensor:
+    """exclusive_scan(U) over chunk states U (G, N, r, f), where a chunk with a non-finite entry
+    poisons (NaN) the states of later chunks only: the scan's masked matmuls would otherwise
+    meet its inf/NaN with zeros and carry NaN into earlier chunks."""
+    bad = ~torch.isfinite(U).flatten(2).all(-1)                        # (G, N)
+    S = exclusive_scan(U.masked_fill(bad[..., None, None], 0.0))
+    after_bad = (bad.cumsum(1) - bad.long()) > 0
+    return S.masked_fill(after_bad[..., None, None], float("nan"))
 
 
 def causal_product_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                           return_scores: bool = False):
-    """out_i = sum_{j<=i} (q_i . k_j) v_j for q, k: (G, L, r), v: (G, L, e).
+                           scale: torch.Tensor | None = None, normalizer: bool = False):
+    """out_i = sum_{j<=i} exp(M_j - M_i) (q_i . k_j) v_j for q, k (G, L, r), v (G, L, e).
 
-    All chunks at once: per-chunk states k_c^T v_c, their exclusive prefix sum over chunks,
-    then out_c = q_c S_{<c} + tril(q_c k_c^T) v_c, each a single batched matmul.
-    With ``return_scores`` also the per-chunk tril(q_c k_c^T) (G, N, C, C), which the backward
-    reuses (L * C floats per head, no more than the inputs for C <= r)."""
-    G, L, _ = q.shape
-    e = v.shape[-1]
-    C = max(1, min(int(chunk_size), L))
-    qc, kc, vc = _chunks(q, C), _chunks(k, C), _chunks(v, C)
-    S = _exclusive_cumsum(_bmm(kc.transpose(-1, -2), vc))            # (G, N, r, e) states before chunk
-    out = _bmm(qc, S)
-    del S
-    A = _masked_scores(qc, kc)
-    _addbmm_(out, A, vc)
-    out = out.reshape(G, -1, e)[:, :L]
-    return (out, A) if return_scores else out
-
-
-def causal_product_backward(q, k, v, g, chunk_size: int, A: torch.Tensor | None = None):
-    """Gradients of causal_product_forward w.r.t. q, k, v, recomputing the states.
-
-        dQ_c = G_c S_{<c}^T + tril(G_c V_c^T) K_c          S = sum k v^T  (forward prefix sums)
-        dK_c = V_c R_{>c}^T + tril(G_c V_c^T)^T Q_c        R = sum q g^T  (reverse prefix sums)
-        dV_c = K_c R_{>c}   + tril(Q_c K_c^T)^T G_c
-    """
+    ``scale``: M (G, L), non-decreasing (None: all factors 1).  With ``normalizer`` also returns
+    den_i = sum_{j<=i} exp(M_j - M_i) q_i . k_j (G, L, 1), from the same scores and a key-sum
+    state (no column of ones is appended to v).  All chunks at once: per-chunk states, their
+    exclusive (rescaled) prefix sum over chunks, then out_c = q_c S_{<c} + A_c v_c with the
+    masked intra-chunk scores A_c, each a single batched matmul."""
     G, L, r = q.shape
     e = v.shape[-1]
     C = max(1, min(int(chunk_size), L))
-    qc, kc, vc, gc = _chunks(q, C), _chunks(k, C), _chunks(v, C), _chunks(g, C)
-    M = _masked_scores(gc, vc)                                        # M_ij = g_i . v_j, j <= i
-    S = _exclusive_cumsum(_bmm(kc.transpose(-1, -2), vc))
-    dq = _bmm(gc, S.transpose(-1, -2))
-    del S
-    _addbmm_(dq, M, kc)
-    R = _reverse_exclusive_cumsum(_bmm(qc.transpose(-1, -2), gc))      # (G, N, r, e) states after chunk
-    dk = _bmm(vc, R.transpose(-1, -2))
-    _addbmm_(dk, M.transpose(-1, -2), qc)
-    del M
-    dv = _bmm(kc, R)
-    del R
-    _addbmm_(dv, (_masked_scores(qc, kc) if A is None else A).transpose(-1, -2), gc)
-    return dq.reshape(G, -1, r)[:, :L], dk.reshape(G, -1, r)[:, :L], dv.reshape(G, -1, e)[:, :L]
+    qc, kc, vc = _chunks(q, C), _chunks(k, C), _chunks(v, C)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    A = _bmm(qc, kc.transpose(-1, -2))                                  # (G, N, C, C) scores
+    if scale is None:
+        ks = kc
+        U = _bmm(kc.transpose(-1, -2), vc)
+        if normalizer:
+            U = torch.cat([U, kc.sum(2).unsqueeze(-1)], dim=-1)
+        S = _past_states(U, _exclusive_cumsum)
+        qs = qc
+    else:
+        Mc = _chunks_of_scale(scale, C)                                 # (G, N, C)
+        e_end = Mc[..., -1]                                             # units of each chunk's state
+        decay = (Mc[..., None, :] - Mc[..., :, None]).masked_fill_(~causal, float("-inf")).exp_()
+        A = A.mul_(decay)                                               # exp(M_j - M_i), j <= i
+        ks = kc * torch.exp(Mc - e_end[..., None]).unsqueeze(-1)      # <= 1
+        U = _bmm(ks.transpose(-1, -2), vc)
+        if normalizer:
+            U = torch.cat([U, ks.sum(2).unsqueeze(-1)], dim=-1)
+        S = _past_states(U, lambda U_: _scaled_exclusive_cumsum(U_, e_end))  # units exp(e_end[n-1])
+        e_prev = torch.cat([Mc[:, :1, 0], e_end[:, :-1]], dim=1)       # <= every M_i of chunk n
+        qs = qc * torch.exp(e_prev[..., None] - Mc).unsqueeze(-1)
+    A = A.masked_fill_(~causal, 0.0)                                    # select: 0*inf never reaches the past
+    inter = _bmm(qs, S)                                                 # (G, N, C, e [+1])
+    # a non-finite value must not meet the zeros of the mask in the product: set it aside and
+    # poison the rows at and after it instead (no host sync, a few passes over (L, e))
+    bad = ~torch.isfinite(vc).all(-1, keepdim=True)                    # (G, N, C, 1)
+    num = inter[..., :e] + _bmm(A, vc.masked_fill(bad, 0.0))
+    num = num.masked_fill(bad.cumsum(2) > 0, float("nan"))
+    num = num.reshape(G, -1, e)[:, :L]
+    if not normalizer:
+        return num
+    den = (inter[..., e] + A.sum(-1)).reshape(G, -1, 1)[:, :L]
+    return num, den
 
 
-class CausalLinearProduct(torch.autograd.Function):
-    """out_i = sum_{j<=i} (q_i . k_j) v_j with a memory-light, recomputing backward.
+def causal_product_backward(q, k, v, g_num, g_den, chunk_size: int, scale: torch.Tensor | None = None):
+    """Gradients w.r.t. q, k, v of num = P(q, k, v) and den = P(q, k, 1) (P the causal product
+    above) given their gradients g_num (G, L, e), g_den (G, L, 1).  The reverse sums are causal
+    products of the flipped sequence, whose running maxima are -M flipped (non-decreasing)."""
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    g1 = torch.cat([g_num, g_den], dim=-1)
+    dq = causal_product_forward(g1, v1, k, chunk_size, scale)          # sum_{j<=i} (g_i.v_j) k_j
+    flip = lambda t: t.flip(1)  # noqa: E731
+    rscale = None if scale is None else -flip(scale)
+    dk = flip(causal_product_forward(flip(v1), flip(g1), flip(q), chunk_size, rscale))
+    dv = flip(causal_product_forward(flip(k), flip(q), flip(g_num), chunk_size, rscale))
+    return dq, dk, dv
 
-    Inputs (G, L, r), (G, L, r), (G, L, e); saves q, k, v and the per-chunk masked scores
-    tril(q_c k_c^T) (O(L (r + e + C)) per head), never a state per position."""
+
+class CausalLinearAttention(torch.autograd.Function):
+    """out_i = num_i / max(den_i, eps), the causal linear attention above, with a backward that
+    recomputes the states.  Inputs q, k (G, L, r), v (G, L, e), scale M (G, L) or None, eps a
+    float or a (G, L, 1) tensor (treated as a constant).  Saves q, k, v, M, the output and the
+    normalizer: O(L (r + e)) per head, never a state per position."""
 
     @staticmethod
-    def forward(ctx, q, k, v, chunk_size):
+    def forward(ctx, q, k, v, scale, eps, chunk_size):
         with torch.autocast(q.device.type, enabled=False):
-            out, A = causal_product_forward(q, k, v, chunk_size, return_scores=True)
-        ctx.save_for_backward(q, k, v, A)
+            num, den = causal_product_forward(q, k, v, chunk_size, scale, normalizer=True)
+            den_c = torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
+            out = num / den_c
+        ctx.save_for_backward(q, k, v, scale, out, den_c, den_c > den)
         ctx.chunk_size = chunk_size
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, A = ctx.saved_tensors
+        q, k, v, scale, out, den_c, clamped = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):  # backward may run inside an autocast region
-            dq, dk, dv = causal_product_backward(q, k, v, g.to(q.dtype).contiguous(), ctx.chunk_size, A)
-        return dq, dk, dv, None
+            g = g.to(q.dtype)
+            g_num = g / den_c
+            g_den = (-(g * out).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
+            dq, dk, dv = causal_product_backward(q, k, v, g_num, g_den, ctx.chunk_size, scale)
+        return dq, dk, dv, None, None, None
 
 
 def causal_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE):
-    """Unnormalized causal linear attention sum_{j<=i} (q_i.k_j) v_j for (..., L, r/e) tensors."""
-    lead = q.shape[:-2]
-    L = q.shape[-2]
-    q3, k3, v3 = (t.reshape(-1, L, t.shape[-1]).contiguous() for t in (q, k, v))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out = CausalLinearProduct.apply(q3, k3, v3, int(chunk_size))
-    else:
-        out = causal_product_forward(q3, k3, v3, int(chunk_size))
-    return out.reshape(*lead, L, v.shape[-1])
+    """Unnormalized causal linear attention sum_{j<=i} (q_i.k_j) v_j for (..., L, r/e) tensors
+    (forward only; training goes through :func:`linear_attention`)."""
+    lead, L = q.shape[:-2], q.shape[-2]
+    q3, k3, v3 = (t.reshape(-1, L, t.shape[-1]) for t in (q, k, v))
+    return causal_product_forward(q3, k3, v3, int(chunk_size)).reshape(*lead, L, v.shape[-1])
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None,
-                     eps: float | torch.Tensor | None = None) -> torch.Tensor:
+                     eps: float | torch.Tensor | None = None,
+                     k_log_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Linear attention with feature-mapped q, k (B, H, L, r) and v (B, H, L, d) -> (B, H, L, d).
 
     key_padding_mask: bool (B, L), True = padding (as in ``nn.MultiheadAttention``); padded
-    keys are removed from the numerator and the normalizer.  Outputs at padded query
-    positions are meaningless (but finite).  chunk_size: chunk length of the causal path
-    (default 128).  eps: lower clamp of the normalizer, a float or a tensor broadcastable
-    to (B, H, L, 1) (default: smallest normal float).
+    keys and values are removed from the numerator and the normalizer.  Outputs at padded
+    query positions are meaningless.  chunk_size: chunk length of the causal path (default
+    128).  eps: lower clamp of the normalizer, a float or a tensor broadcastable to
+    (B, H, L, 1) (default: smallest normal float).  k_log_scale (B, H, L, 1) or (B, H, L):
+    key j's features are k[j] * exp(k_log_scale[j]) (see the module docstring).
     """
     out_dtype = v.dtype
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    B, H, L, _ = q.shape
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        s = None if k_log_scale is None else k_log_scale.to(dtype).reshape(B, H, L)
         if key_padding_mask is not None:
-            k = k.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
+            pad = key_padding_mask.bool()[:, None, :]
+            k = k.masked_fill(pad[..., None], 0.0)
+            v = v.masked_fill(pad[..., None], 0.0)
+            if s is not None:
+                s = s.masked_fill(pad, torch.finfo(dtype).min)
         eps = torch.finfo(dtype).tiny if eps is None else eps
-        # the normalizer is the product with a column of ones appended to v
-        v1 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
-        if causal:
-            nd = causal_product(q, k, v1, chunk_size or DEFAULT_CHUNK_SIZE)
-        else:
-            nd = q @ (k.transpose(-1, -2) @ v1)                # (B, H, L, r) @ (B, H, r, d + 1)
-        num, den = nd.split([v.shape[-1], 1], dim=-1)
         if isinstance(eps, torch.Tensor):
-            den = torch.maximum(den, eps.to(dtype))
+            eps = eps.to(dtype)
+        if causal:
+            M = None if s is None else torch.cummax(s.detach(), dim=-1).values
+            if s is not None:
+                k = k * torch.exp(s - M).unsqueeze(-1)
+            if isinstance(eps, torch.Tensor):
+                eps = eps.expand(B, H, L, 1).reshape(B * H, L, 1)
+            out = CausalLinearAttention.apply(q.reshape(B * H, L, -1), k.reshape(B * H, L, -1),
+                                              v.reshape(B * H, L, -1), None if M is None else M.reshape(B * H, L),
+                                              eps, int(chunk_size or DEFAULT_CHUNK_SIZE))
+            out = out.view(B, H, L, -1)
         else:
-            den = den.clamp_min(eps)
-        out = num / den
+            if s is not None:
+                k = k * torch.exp(s - s.detach().amax(-1, keepdim=True)).unsqueeze(-1)
+            num = q @ (k.transpose(-1, -2) @ v)                         # (B, H, L, r) @ (B, H, r, d)
+            den = q @ k.sum(-2).unsqueeze(-1)
+            den = torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
+            out = num / den
     return out.to(out_dtype)
 
 
 def init_linear_state(batch: int, heads: int, r: int, d: int, device=None, dtype=torch.float32):
-    """Zero recurrent state (S (B, H, r, d), Z (B, H, r))."""
+    """Empty recurrent state: S (B, H, r, d), Z (B, H, r) and the running key log-scale m (B, H, 1)."""
     return (torch.zeros(batch, heads, r, d, device=device, dtype=dtype),
-            torch.zeros(batch, heads, r, device=device, dtype=dtype))
+            torch.zeros(batch, heads, r, device=device, dtype=dtype),
+            torch.full((batch, heads, 1), torch.finfo(dtype).min, device=device, dtype=dtype))
 
 
-def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          state: tuple[torch.Tensor, torch.Tensor], eps: float | torch.Tensor | None = None):
+def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple,
+                          eps: float | torch.Tensor | None = None, k_log_scale: torch.Tensor | None = None):
     """Recurrent causal linear attention for one position.
 
-    q, k: (B, H, r) feature-mapped; v: (B, H, d); state (S, Z) in float32 (or float64).
-    Returns (out (B, H, d) in v's dtype, new state).  Cost and memory do not grow with position.
+    q, k: (B, H, r) feature-mapped; v: (B, H, d); state (S, Z, m) in float32 (or float64);
+    k_log_scale (B, H, 1): the key's features are k exp(k_log_scale) (S and Z are kept in units
+    of exp(m), m the running maximum, as the parallel path does).  Returns (out (B, H, d) in v's
+    dtype, new state).  Cost and memory do not grow with position.
     """
-    S, Z = state
+    S, Z, m = state
     dtype = S.dtype
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf = q.to(dtype), k.to(dtype), v.to(dtype)
+        if k_log_scale is not None:
+            s = k_log_scale.to(dtype)
+            new_m = torch.maximum(m, s)
+            decay = torch.exp(m - new_m)
+            S, Z, m = S * decay.unsqueeze(-1), Z * decay, new_m
+            kf = kf * torch.exp(s - new_m)
         S = S + kf.unsqueeze(-1) * vf.unsqueeze(-2)
         Z = Z + kf
         num = (qf.unsqueeze(-2) @ S).squeeze(-2)
@@ -235,4 +310,4 @@ def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         eps = torch.finfo(dtype).tiny if eps is None else eps
         den = torch.maximum(den, eps.to(dtype)) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
         out = num / den
-    return out.to(v.dtype), (S, Z)
+    return out.to(v.dtype), (S, Z, m)
