@@ -79,7 +79,8 @@ class KeyFeatures(NamedTuple):
 
 
 def _shifted_keys(u: torch.Tensor) -> KeyFeatures:
-    """exp(u - s) with s = the row maximum (detached; the attention re-applies a common factor)."""
+    """exp(u - s) with s = the row maximum, detached: the attention applies exp(s) up to a factor
+    common to the keys a query sees, so no gradient flows through the choice of shift."""
     with torch.no_grad():
         s = u.amax(-1, keepdim=True)
     return KeyFeatures(u.sub_(s).exp_(), s)

@@ -124,100 +124,146 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _past_states(U: torch.Tensor, exclusive_scan) -> torch.Tensor:
     """exclusive_scan(U) over chunk states U (G, N, r, f), where a chunk with a non-finite entry
     poisons (NaN) the states of later chunks only: the scan's masked matmuls would otherwise
-    meet its inf/NaN with zeros and carry NaN into earlier chunks."""
-    bad = ~torch.isfinite(U).flatten(2).all(-1)                        # (G, N)
+    meet its inf/NaN with zeros and carry NaN into earlier chunks.  (A sum per chunk detects
+    non-finite entries in one cheap pass.)"""
+    bad = ~torch.isfinite(U.sum(dim=(2, 3)))                           # (G, N)
     S = exclusive_scan(U.masked_fill(bad[..., None, None], 0.0))
     after_bad = (bad.cumsum(1) - bad.long()) > 0
     return S.masked_fill(after_bad[..., None, None], float("nan"))
 
 
-def causal_product_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                           scale: torch.Tensor | None = None, normalizer: bool = False):
-    """out_i = sum_{j<=i} exp(M_j - M_i) (q_i . k_j) v_j for q, k (G, L, r), v (G, L, e).
+def _reverse(scan, x: torch.Tensor, *args) -> torch.Tensor:
+    """The reverse (sum over later chunks) of an exclusive scan, on the flipped chunk order."""
+    return scan(x.flip(1), *(a.flip(1) for a in args)).flip(1)
 
-    ``scale``: M (G, L), non-decreasing (None: all factors 1).  With ``normalizer`` also returns
-    den_i = sum_{j<=i} exp(M_j - M_i) q_i . k_j (G, L, 1), from the same scores and a key-sum
-    state (no column of ones is appended to v).  All chunks at once: per-chunk states, their
-    exclusive (rescaled) prefix sum over chunks, then out_c = q_c S_{<c} + A_c v_c with the
-    masked intra-chunk scores A_c, each a single batched matmul."""
-    G, L, r = q.shape
+
+class _Chunked:
+    """q, k (G, L, r) cut into chunks, with the key-scale factors of the causal path.
+
+    Key j's features are k_j exp(s_j); M_i = max_{j<=i} s_j.  Chunk n's state is kept in units
+    of e_end[n] (its last M) and read in units of e_prev[n] (the previous chunk's last M):
+    ks = k exp(s - e_end) and qs = q exp(e_prev - M), both factors <= 1, and inside a chunk
+    the scores carry decay[i, j] = exp(s_j - M_i) (j <= i, <= 1).  Without s every factor is 1."""
+
+    def __init__(self, q, k, chunk_size: int, s):
+        L = q.shape[1]
+        self.C = C = max(1, min(int(chunk_size), L))
+        self.qc, self.kc = _chunks(q, C), _chunks(k, C)
+        self.causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        self.scaled = s is not None
+        if s is None:
+            self.qs, self.ks = self.qc, self.kc
+            return
+        Mc = _chunks_of_scale(torch.cummax(s, dim=1).values, C)         # (G, N, C)
+        sc = _chunks(s.unsqueeze(-1), C)[..., 0]                        # padding: k = 0 there anyway
+        self.e_end = Mc[..., -1]
+        self.e_prev = torch.cat([Mc[:, :1, 0], self.e_end[:, :-1]], dim=1)  # <= every M of chunk n
+        self.decay = (sc[..., None, :] - Mc[..., :, None]).masked_fill_(~self.causal, float("-inf")).exp_()
+        self.k_factor = torch.exp(sc - self.e_end[..., None]).unsqueeze(-1)
+        self.q_factor = torch.exp(self.e_prev[..., None] - Mc).unsqueeze(-1)
+        self.ks, self.qs = self.kc * self.k_factor, self.qc * self.q_factor
+
+    def scores(self, a, b):
+        """Intra-chunk tril((a b^T) * decay), masked by selection (0 * inf never happens)."""
+        s = _bmm(a, b.transpose(-1, -2))
+        if self.scaled:
+            s = s.mul_(self.decay)
+        return s.masked_fill_(~self.causal, 0.0)
+
+    def past(self, U, guard: bool = False):
+        """Exclusive (rescaled) prefix sum over chunks of per-chunk states U (G, N, r, f)."""
+        scan = _exclusive_cumsum if not self.scaled else (lambda x: _scaled_exclusive_cumsum(x, self.e_end))
+        return _past_states(U, scan) if guard else scan(U)
+
+    def future(self, W):
+        """Reverse exclusive (rescaled) sum over chunks of W (G, N, r, f) held in units exp(-e_prev):
+        R[n] = sum_{p>n} W[p] exp(e_end[n] - e_prev[p]), in units exp(-e_end[n])."""
+        if not self.scaled:
+            return _reverse(_exclusive_cumsum, W)
+        return _reverse(_scaled_exclusive_cumsum, W, -self.e_prev)
+
+
+def causal_product_forward(q, k, v, chunk_size: int, scale: torch.Tensor | None = None):
+    """num_i = sum_{j<=i} exp(s_j - M_i) (q_i . k_j) v_j and den_i (the same with v = 1) for
+    q, k (G, L, r), v (G, L, e), key log-scales s = ``scale`` (G, L) or None (factors 1) and
+    their running maximum M_i = max_{j<=i} s_j.
+
+    All chunks at once: per-chunk states [k^T v, k^T 1], their exclusive (rescaled) prefix sum
+    over chunks, then out_c = q_c S_{<c} + A_c v_c with the masked intra-chunk scores A_c, each a
+    single batched matmul; no column of ones is appended to v.  Returns num (G, L, e),
+    den (G, L, 1) and the scores A (G, N, C, C), which the backward reuses."""
+    G, L, _ = q.shape
     e = v.shape[-1]
-    C = max(1, min(int(chunk_size), L))
-    qc, kc, vc = _chunks(q, C), _chunks(k, C), _chunks(v, C)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    A = _bmm(qc, kc.transpose(-1, -2))                                  # (G, N, C, C) scores
-    if scale is None:
-        ks = kc
-        U = _bmm(kc.transpose(-1, -2), vc)
-        if normalizer:
-            U = torch.cat([U, kc.sum(2).unsqueeze(-1)], dim=-1)
-        S = _past_states(U, _exclusive_cumsum)
-        qs = qc
-    else:
-        Mc = _chunks_of_scale(scale, C)                                 # (G, N, C)
-        e_end = Mc[..., -1]                                             # units of each chunk's state
-        decay = (Mc[..., None, :] - Mc[..., :, None]).masked_fill_(~causal, float("-inf")).exp_()
-        A = A.mul_(decay)                                               # exp(M_j - M_i), j <= i
-        ks = kc * torch.exp(Mc - e_end[..., None]).unsqueeze(-1)      # <= 1
-        U = _bmm(ks.transpose(-1, -2), vc)
-        if normalizer:
-            U = torch.cat([U, ks.sum(2).unsqueeze(-1)], dim=-1)
-        S = _past_states(U, lambda U_: _scaled_exclusive_cumsum(U_, e_end))  # units exp(e_end[n-1])
-        e_prev = torch.cat([Mc[:, :1, 0], e_end[:, :-1]], dim=1)       # <= every M_i of chunk n
-        qs = qc * torch.exp(e_prev[..., None] - Mc).unsqueeze(-1)
-    A = A.masked_fill_(~causal, 0.0)                                    # select: 0*inf never reaches the past
-    inter = _bmm(qs, S)                                                 # (G, N, C, e [+1])
+    ch = _Chunked(q, k, chunk_size, scale)
+    vc = _chunks(v, ch.C)
+    A = ch.scores(ch.qc, ch.kc)
+    U = torch.cat([_bmm(ch.ks.transpose(-1, -2), vc), ch.ks.sum(2).unsqueeze(-1)], dim=-1)
+    inter = _bmm(ch.qs, ch.past(U, guard=True))                          # (G, N, C, e + 1)
     # a non-finite value must not meet the zeros of the mask in the product: set it aside and
-    # poison the rows at and after it instead (no host sync, a few passes over (L, e))
-    bad = ~torch.isfinite(vc).all(-1, keepdim=True)                    # (G, N, C, 1)
+    # poison the rows at and after it instead
+    bad = ~torch.isfinite(vc.sum(-1, keepdim=True))                     # (G, N, C, 1)
     num = inter[..., :e] + _bmm(A, vc.masked_fill(bad, 0.0))
     num = num.masked_fill(bad.cumsum(2) > 0, float("nan"))
-    num = num.reshape(G, -1, e)[:, :L]
-    if not normalizer:
-        return num
-    den = (inter[..., e] + A.sum(-1)).reshape(G, -1, 1)[:, :L]
-    return num, den
+    den = inter[..., e:] + A.sum(-1, keepdim=True)
+    return num.reshape(G, -1, e)[:, :L], den.reshape(G, -1, 1)[:, :L], A
 
 
-def causal_product_backward(q, k, v, g_num, g_den, chunk_size: int, scale: torch.Tensor | None = None):
-    """Gradients w.r.t. q, k, v of num = P(q, k, v) and den = P(q, k, 1) (P the causal product
-    above) given their gradients g_num (G, L, e), g_den (G, L, 1).  The reverse sums are causal
-    products of the flipped sequence, whose running maxima are -M flipped (non-decreasing)."""
-    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    g1 = torch.cat([g_num, g_den], dim=-1)
-    dq = causal_product_forward(g1, v1, k, chunk_size, scale)          # sum_{j<=i} (g_i.v_j) k_j
-    flip = lambda t: t.flip(1)  # noqa: E731
-    rscale = None if scale is None else -flip(scale)
-    dk = flip(causal_product_forward(flip(v1), flip(g1), flip(q), chunk_size, rscale))
-    dv = flip(causal_product_forward(flip(k), flip(q), flip(g_num), chunk_size, rscale))
-    return dq, dk, dv
+def causal_product_backward(q, k, v, g_num, g_den, chunk_size: int, scale=None, A=None):
+    """Gradients w.r.t. q, k, v of (num, den) = causal_product_forward(q, k, v) given g_num
+    (G, L, e) and g_den (G, L, 1).  With v1 = [v, 1], g1 = [g_num, g_den], D the decays:
+
+        dQ_i = sum_{j<=i} D_ij (g1_i . v1_j) k_j    forward prefix sums of k v1^T
+        dK_j = sum_{i>=j} D_ij (g1_i . v1_j) q_i    reverse prefix sums of q g1^T
+        dV_j = sum_{i>=j} D_ij (q_i . k_j) g_i      the same reverse sums
+    """
+    G, L, r = q.shape
+    e = v.shape[-1]
+    ch = _Chunked(q, k, chunk_size, scale)
+    v1c = _chunks(torch.cat([v, torch.ones_like(v[..., :1])], dim=-1), ch.C)
+    g1c = _chunks(torch.cat([g_num, g_den], dim=-1), ch.C)
+    Mx = ch.scores(g1c, v1c)                                            # D_ij (g1_i . v1_j)
+    S = ch.past(_bmm(ch.ks.transpose(-1, -2), v1c))                     # (G, N, r, e + 1)
+    dq = _bmm(g1c, S.transpose(-1, -2))
+    del S
+    if ch.scaled:
+        dq = dq.mul_(ch.q_factor)
+    dq = dq.add_(_bmm(Mx, ch.kc))
+    R = ch.future(_bmm(ch.qs.transpose(-1, -2), g1c))                   # (G, N, r, e + 1)
+    dk = _bmm(v1c, R.transpose(-1, -2))
+    if ch.scaled:
+        dk = dk.mul_(ch.k_factor)
+    dk = dk.add_(_bmm(Mx.transpose(-1, -2), ch.qc))
+    del Mx
+    A = ch.scores(ch.qc, ch.kc) if A is None else A
+    dv = _bmm(ch.ks, R[..., :e]).add_(_bmm(A.transpose(-1, -2), g1c[..., :e]))
+    return dq.reshape(G, -1, r)[:, :L], dk.reshape(G, -1, r)[:, :L], dv.reshape(G, -1, e)[:, :L]
 
 
 class CausalLinearAttention(torch.autograd.Function):
     """out_i = num_i / max(den_i, eps), the causal linear attention above, with a backward that
-    recomputes the states.  Inputs q, k (G, L, r), v (G, L, e), scale M (G, L) or None, eps a
-    float or a (G, L, 1) tensor (treated as a constant).  Saves q, k, v, M, the output and the
-    normalizer: O(L (r + e)) per head, never a state per position."""
+    recomputes the states.  Inputs q, k (G, L, r), v (G, L, e), key log-scales (G, L) or None, eps a
+    float or a (G, L, 1) tensor (treated as a constant).  Saves q, k, v, M, the intra-chunk
+    scores, the output and the normalizer: O(L (r + e + C)) per head, never a state per position."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, eps, chunk_size):
         with torch.autocast(q.device.type, enabled=False):
-            num, den = causal_product_forward(q, k, v, chunk_size, scale, normalizer=True)
+            num, den, A = causal_product_forward(q, k, v, chunk_size, scale)
             den_c = torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
             out = num / den_c
-        ctx.save_for_backward(q, k, v, scale, out, den_c, den_c > den)
+        ctx.save_for_backward(q, k, v, scale, A, out, den_c, den_c > den)
         ctx.chunk_size = chunk_size
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, scale, out, den_c, clamped = ctx.saved_tensors
+        q, k, v, scale, A, out, den_c, clamped = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):  # backward may run inside an autocast region
             g = g.to(q.dtype)
             g_num = g / den_c
             g_den = (-(g * out).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
-            dq, dk, dv = causal_product_backward(q, k, v, g_num, g_den, ctx.chunk_size, scale)
+            dq, dk, dv = causal_product_backward(q, k, v, g_num, g_den, ctx.chunk_size, scale, A)
         return dq, dk, dv, None, None, None
 
 
@@ -226,7 +272,7 @@ def causal_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size
     (forward only; training goes through :func:`linear_attention`)."""
     lead, L = q.shape[:-2], q.shape[-2]
     q3, k3, v3 = (t.reshape(-1, L, t.shape[-1]) for t in (q, k, v))
-    return causal_product_forward(q3, k3, v3, int(chunk_size)).reshape(*lead, L, v.shape[-1])
+    return causal_product_forward(q3, k3, v3, int(chunk_size))[0].reshape(*lead, L, v.shape[-1])
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -258,13 +304,10 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if isinstance(eps, torch.Tensor):
             eps = eps.to(dtype)
         if causal:
-            M = None if s is None else torch.cummax(s.detach(), dim=-1).values
-            if s is not None:
-                k = k * torch.exp(s - M).unsqueeze(-1)
             if isinstance(eps, torch.Tensor):
                 eps = eps.expand(B, H, L, 1).reshape(B * H, L, 1)
             out = CausalLinearAttention.apply(q.reshape(B * H, L, -1), k.reshape(B * H, L, -1),
-                                              v.reshape(B * H, L, -1), None if M is None else M.reshape(B * H, L),
+                                              v.reshape(B * H, L, -1), None if s is None else s.detach().reshape(B * H, L),
                                               eps, int(chunk_size or DEFAULT_CHUNK_SIZE))
             out = out.view(B, H, L, -1)
         else:
