@@ -14,6 +14,8 @@ from ..io import read_records
 from ..tokenizer import InvalidSequenceError, Tokenizer
 from .collate import Collator
 from .datasets import CropDataset
+from .sampler import TokenBudgetBatchSampler, check_crop_schedule
+from .shard_datamodule import Batches
 from .split import split_of
 
 log = logging.getLogger(__name__)
@@ -46,20 +48,46 @@ def tokenize_file(path: str | Path, tokenizer: Tokenizer, fmt: str | None = None
 
 class ProteinDataModule(pl.LightningDataModule):
     """Reads ``path`` once, splits by a hash of the record id, crops to ``max_len``
-    (random window in training, first window in validation) and pads per batch."""
+    (random window in training, first window in validation) and pads per batch.
+
+    Training batches: ``batch_size`` proteins, or with ``max_tokens`` length-bucketed
+    batches of at most ``max_tokens`` padded tokens (``TokenBudgetBatchSampler`` over the
+    cropped lengths, resumable mid-epoch). ``crop_schedule`` ``[[step, crop_len], ...]``
+    (needs ``max_tokens``): from training step ``step`` on, training crops are at most
+    ``min(crop_len, max_len)`` tokens, ``<cls>``/``<eos>`` included, under the same token
+    budget; steps count training batches (the trainer's ``global_step`` times
+    ``accumulate_grad_batches``). Validation always uses the first ``max_len`` tokens
+    (the final crop length) in batches of ``batch_size``, so its numbers stay comparable.
+    """
 
     def __init__(self, path: str, format: str | None = None, objective: str = "mlm", max_len: int = 512,
                  batch_size: int = 16, valid_fraction: float = 0.05, num_workers: int = 0, seed: int = 0,
                  mask_prob: float = 0.15, unknown: str = "error", skip_invalid: bool = False,
-                 max_records: int | None = None):
+                 max_records: int | None = None, max_tokens: int | None = None,
+                 crop_schedule: list | None = None):
         super().__init__()
         self.path, self.format = Path(path), format
         self.objective, self.max_len, self.batch_size = objective, max_len, batch_size
         self.valid_fraction, self.num_workers, self.seed = valid_fraction, num_workers, seed
         self.mask_prob, self.skip_invalid, self.max_records = mask_prob, skip_invalid, max_records
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"data.max_tokens must be positive or null, got {max_tokens}")
+        schedule = check_crop_schedule(crop_schedule)
+        if schedule is not None and max_tokens is None:
+            raise ValueError("data.crop_schedule needs data.max_tokens (a token budget per batch); "
+                             "set data.crop_schedule=null for fixed-size batches")
+        if schedule is not None and max_len is not None:
+            if schedule[-1][1] < max_len:
+                log.warning("data.crop_schedule ends at %d tokens, below data.max_len=%d (validation crop)",
+                            schedule[-1][1], max_len)
+            schedule = [(s, min(c, max_len)) for s, c in schedule]  # max_len caps every crop
+        self.max_tokens, self.crop_schedule = max_tokens, schedule
         self.tokenizer = Tokenizer(unknown=unknown)
         self.train_seqs: list[np.ndarray] | None = None
         self.stats: dict = {}
+        self._train_sampler: TokenBudgetBatchSampler | None = None
+        self._progress = {"epoch": 0, "consumed": 0}
+        self._resume: dict | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_seqs is not None:
@@ -79,6 +107,8 @@ class ProteinDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = CropDataset(self.train_seqs, self.max_len, random_crop=True)
+        if self.max_tokens is not None:
+            return self._token_budget_loader(ds)
         return DataLoader(ds, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
                           collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob),
                           generator=torch.Generator().manual_seed(self.seed), drop_last=True,
@@ -88,3 +118,69 @@ class ProteinDataModule(pl.LightningDataModule):
         ds = CropDataset(self.valid_seqs, self.max_len, random_crop=False)
         return DataLoader(ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
                           collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=self.seed))
+
+    # --- token-budget training batches, length curriculum, mid-epoch resume ---------------
+    def _ranks(self) -> tuple[int, int]:
+        t = self.trainer
+        return (t.world_size, t.global_rank) if t is not None else (1, 0)
+
+    def _batches_trained(self) -> int:
+        t = self.trainer
+        return t.global_step * t.accumulate_grad_batches
+
+    def _token_budget_loader(self, ds: CropDataset) -> DataLoader:
+        lengths = np.array([len(s) for s in self.train_seqs], dtype=np.int64)
+        if self.max_len is not None:
+            lengths = np.minimum(lengths, self.max_len)
+        world, rank = self._ranks()
+        sampler = TokenBudgetBatchSampler(lengths, self.max_tokens, shuffle=True, seed=self.seed,
+                                          num_replicas=world, rank=rank, crop_schedule=self.crop_schedule,
+                                          step_fn=self._batches_trained if self.trainer is not None else None)
+        t = self.trainer
+        if t is not None:
+            sampler.set_epoch(t.current_epoch)  # Lightning reads len() before it calls set_epoch
+            if not t.reload_dataloaders_every_n_epochs:
+                # token-budget epochs differ in length (a curriculum's a lot): Lightning keeps the first
+                # epoch's len() as every epoch's length and would cut longer epochs short, so it
+                # rebuilds this loader (and so reads its length) at every epoch
+                t.reload_dataloaders_every_n_epochs = 1
+        if self._resume is not None:
+            self._apply_resume(sampler)
+        self._train_sampler = sampler
+        return DataLoader(Batches(ds), sampler=sampler, batch_size=None, num_workers=self.num_workers,
+                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob),
+                          persistent_workers=self.num_workers > 0)
+
+    def _batching(self) -> dict:
+        return {"max_tokens": self.max_tokens, "max_len": self.max_len,
+                "crop_schedule": None if self.crop_schedule is None else [list(e) for e in self.crop_schedule]}
+
+    def _apply_resume(self, sampler: TokenBudgetBatchSampler) -> None:
+        state, self._resume = self._resume, None
+        if {k: state.get(k) for k in self._batching()} != self._batching():
+            log.warning("resuming with other batching (%s, the checkpoint has %s): epoch %d starts over",
+                        self._batching(), {k: state.get(k) for k in self._batching()}, state["epoch"])
+            state = {**state, "consumed": 0}
+        sampler.load_state_dict(state)
+        self._progress = {"epoch": state["epoch"], "consumed": state["consumed"]}
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        if self.trainer is not None and self.trainer.training and self._train_sampler is not None:
+            epoch = self._train_sampler.epoch
+            if epoch != self._progress["epoch"]:
+                self._progress = {"epoch": epoch, "consumed": 0}
+            self._progress["consumed"] += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        if self.max_tokens is None:  # fixed-size batches: an interrupted epoch starts over
+            return {}
+        world, _ = self._ranks()
+        return {**self._progress, "seed": self.seed, "num_replicas": world, **self._batching()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.max_tokens is None or "consumed" not in state:
+            return
+        self._resume = dict(state)
+        if self._train_sampler is not None:  # loader already built: apply now
+            self._apply_resume(self._train_sampler)
