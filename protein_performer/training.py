@@ -48,6 +48,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     datamodule = hydra.utils.instantiate(cfg.data)
     datamodule.setup("fit")
     task = build_task(cfg, getattr(datamodule, "aa_frequencies", None))
+    if cfg.get("compile"):  # in place: state_dict keys and checkpoints are unchanged
+        task.model.compile(dynamic=True)
     n_params = sum(p.numel() for p in task.parameters())
     log.info("model: %s, %.2f M parameters", cfg.model.get("name", "?"), n_params / 1e6)
 

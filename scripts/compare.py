@@ -9,13 +9,16 @@ from protein_performer.evaluate import format_table
 from protein_performer.io import ParseError
 
 
-@hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="compare", version_base="1.3")  # --config-name long_proteins: equal time
 def main(cfg: DictConfig) -> None:
     overrides = flatten_overrides(OmegaConf.to_container(cfg.train, resolve=True))
     command = "python scripts/compare.py " + " ".join(sys.argv[1:])
     try:
         results = compare(list(cfg.models), overrides, cfg.heldout.path, cfg.output_dir, doc=cfg.doc,
                           reuse=cfg.reuse, command=command.strip(), exact_name=cfg.exact,
+                          model_overrides={name: flatten_overrides(tree) for name, tree in
+                                           OmegaConf.to_container(cfg.get("model_overrides") or {}, resolve=True).items()},
+                          title=cfg.get("title") or "Performer against exact softmax attention, at equal steps",
                           max_records=cfg.heldout.max_records, **OmegaConf.to_container(cfg.eval, resolve=True))
     except (FileNotFoundError, ParseError, ValueError) as e:
         sys.exit(f"error: {e}")

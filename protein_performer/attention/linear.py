@@ -18,8 +18,8 @@ Three paths behind :func:`linear_attention`:
 
 Key scales (why exponential features cannot underflow)
 -------------------------------------------------------
-Exponential feature maps (FAVOR+, FAVOR++) hand over each key as ``k'_j exp(s_j)`` with
-``max_r k'_jr = 1`` and the log-scale s_j (see feature_maps.py).  Attention is invariant to
+Exponential feature maps (FAVOR+, FAVOR++) hand over each key as ``k'_j exp(s_j)`` with k'_j
+summing to 1 and the log-scale s_j (see feature_maps.py).  Attention is invariant to
 one common factor on all keys a query sees, so
 
 * bidirectional: every key is rescaled by exp(s_j - max_j s_j) (max over real keys);
@@ -141,9 +141,11 @@ class _Chunked:
     """q, k (G, L, r) cut into chunks, with the key-scale factors of the causal path.
 
     Key j's features are k_j exp(s_j); M_i = max_{j<=i} s_j.  Chunk n's state is kept in units
-    of e_end[n] (its last M) and read in units of e_prev[n] (the previous chunk's last M):
-    ks = k exp(s - e_end) and qs = q exp(e_prev - M), both factors <= 1, and inside a chunk
-    the scores carry decay[i, j] = exp(s_j - M_i) (j <= i, <= 1).  Without s every factor is 1."""
+    of e_end[n] (its last M) and read in units of e_prev[n] (the previous chunk's last M): key
+    rows carry k_factor = exp(s - e_end) and query rows q_factor = exp(e_prev - M), both <= 1,
+    and inside a chunk the scores carry decay[i, j] = exp(s_j - M_i) (j <= i, <= 1).  The
+    factors are per position, so they are applied to the narrow side of each product (v, g,
+    outputs: width e) rather than to the r-wide features.  Without s every factor is 1."""
 
     def __init__(self, q, k, chunk_size: int, s):
         L = q.shape[1]
@@ -152,7 +154,6 @@ class _Chunked:
         self.causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         self.scaled = s is not None
         if s is None:
-            self.qs, self.ks = self.qc, self.kc
             return
         Mc = _chunks_of_scale(torch.cummax(s, dim=1).values, C)         # (G, N, C)
         sc = _chunks(s.unsqueeze(-1), C)[..., 0]                        # padding: k = 0 there anyway
@@ -161,7 +162,14 @@ class _Chunked:
         self.decay = (sc[..., None, :] - Mc[..., :, None]).masked_fill_(~self.causal, float("-inf")).exp_()
         self.k_factor = torch.exp(sc - self.e_end[..., None]).unsqueeze(-1)
         self.q_factor = torch.exp(self.e_prev[..., None] - Mc).unsqueeze(-1)
-        self.ks, self.qs = self.kc * self.k_factor, self.qc * self.q_factor
+
+    def key_rows(self, x):
+        """x (G, N, C, f) with key rows scaled by k_factor."""
+        return x * self.k_factor if self.scaled else x
+
+    def query_rows(self, x):
+        """x (G, N, C, f) with query rows scaled by q_factor."""
+        return x * self.q_factor if self.scaled else x
 
     def scores(self, a, b):
         """Intra-chunk tril((a b^T) * decay), masked by selection (0 * inf never happens)."""
@@ -183,22 +191,27 @@ class _Chunked:
         return _reverse(_scaled_exclusive_cumsum, W, -self.e_prev)
 
 
+def _with_ones(x: torch.Tensor) -> torch.Tensor:
+    """[x, 1] along the last dim (the normalizer's column; width e + 1, not r)."""
+    return torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
+
+
 def causal_product_forward(q, k, v, chunk_size: int, scale: torch.Tensor | None = None):
     """num_i = sum_{j<=i} exp(s_j - M_i) (q_i . k_j) v_j and den_i (the same with v = 1) for
     q, k (G, L, r), v (G, L, e), key log-scales s = ``scale`` (G, L) or None (factors 1) and
     their running maximum M_i = max_{j<=i} s_j.
 
-    All chunks at once: per-chunk states [k^T v, k^T 1], their exclusive (rescaled) prefix sum
-    over chunks, then out_c = q_c S_{<c} + A_c v_c with the masked intra-chunk scores A_c, each a
-    single batched matmul; no column of ones is appended to v.  Returns num (G, L, e),
-    den (G, L, 1) and the scores A (G, N, C, C), which the backward reuses."""
+    All chunks at once: per-chunk states k^T [v, 1], their exclusive (rescaled) prefix sum
+    over chunks, then out_c = q_c S_{<c} + A_c v_c with the masked intra-chunk scores A_c, each
+    a single batched matmul.  Returns num (G, L, e), den (G, L, 1) and the scores A
+    (G, N, C, C), which the backward reuses."""
     G, L, _ = q.shape
     e = v.shape[-1]
     ch = _Chunked(q, k, chunk_size, scale)
     vc = _chunks(v, ch.C)
     A = ch.scores(ch.qc, ch.kc)
-    U = torch.cat([_bmm(ch.ks.transpose(-1, -2), vc), ch.ks.sum(2).unsqueeze(-1)], dim=-1)
-    inter = _bmm(ch.qs, ch.past(U, guard=True))                          # (G, N, C, e + 1)
+    U = _bmm(ch.kc.transpose(-1, -2), ch.key_rows(_with_ones(vc)))      # (G, N, r, e + 1)
+    inter = ch.query_rows(_bmm(ch.qc, ch.past(U, guard=True)))
     # a non-finite value must not meet the zeros of the mask in the product: set it aside and
     # poison the rows at and after it instead
     bad = ~torch.isfinite(vc.sum(-1, keepdim=True))                     # (G, N, C, 1)
@@ -219,30 +232,25 @@ def causal_product_backward(q, k, v, g_num, g_den, chunk_size: int, scale=None, 
     G, L, r = q.shape
     e = v.shape[-1]
     ch = _Chunked(q, k, chunk_size, scale)
-    v1c = _chunks(torch.cat([v, torch.ones_like(v[..., :1])], dim=-1), ch.C)
+    v1c = _chunks(_with_ones(v), ch.C)
     g1c = _chunks(torch.cat([g_num, g_den], dim=-1), ch.C)
     Mx = ch.scores(g1c, v1c)                                            # D_ij (g1_i . v1_j)
-    S = ch.past(_bmm(ch.ks.transpose(-1, -2), v1c))                     # (G, N, r, e + 1)
-    dq = _bmm(g1c, S.transpose(-1, -2))
+    v1k, g1q = ch.key_rows(v1c), ch.query_rows(g1c)
+    S = ch.past(_bmm(ch.kc.transpose(-1, -2), v1k))                     # (G, N, r, e + 1)
+    dq = _bmm(g1q, S.transpose(-1, -2)).add_(_bmm(Mx, ch.kc))
     del S
-    if ch.scaled:
-        dq = dq.mul_(ch.q_factor)
-    dq = dq.add_(_bmm(Mx, ch.kc))
-    R = ch.future(_bmm(ch.qs.transpose(-1, -2), g1c))                   # (G, N, r, e + 1)
-    dk = _bmm(v1c, R.transpose(-1, -2))
-    if ch.scaled:
-        dk = dk.mul_(ch.k_factor)
-    dk = dk.add_(_bmm(Mx.transpose(-1, -2), ch.qc))
+    R = ch.future(_bmm(ch.qc.transpose(-1, -2), g1q))                   # (G, N, r, e + 1)
+    dk = _bmm(v1k, R.transpose(-1, -2)).add_(_bmm(Mx.transpose(-1, -2), ch.qc))
     del Mx
     A = ch.scores(ch.qc, ch.kc) if A is None else A
-    dv = _bmm(ch.ks, R[..., :e]).add_(_bmm(A.transpose(-1, -2), g1c[..., :e]))
+    dv = ch.key_rows(_bmm(ch.kc, R[..., :e])).add_(_bmm(A.transpose(-1, -2), g1c[..., :e]))
     return dq.reshape(G, -1, r)[:, :L], dk.reshape(G, -1, r)[:, :L], dv.reshape(G, -1, e)[:, :L]
 
 
 class CausalLinearAttention(torch.autograd.Function):
     """out_i = num_i / max(den_i, eps), the causal linear attention above, with a backward that
     recomputes the states.  Inputs q, k (G, L, r), v (G, L, e), key log-scales (G, L) or None, eps a
-    float or a (G, L, 1) tensor (treated as a constant).  Saves q, k, v, M, the intra-chunk
+    float or a (G, L, 1) tensor (treated as a constant).  Saves q, k, v, s, the intra-chunk
     scores, the output and the normalizer: O(L (r + e + C)) per head, never a state per position."""
 
     @staticmethod
@@ -264,7 +272,9 @@ class CausalLinearAttention(torch.autograd.Function):
             g_num = g / den_c
             g_den = (-(g * out).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
             dq, dk, dv = causal_product_backward(q, k, v, g_num, g_den, ctx.chunk_size, scale, A)
-        return dq, dk, dv, None, None, None
+            # key j enters as k_j exp(s_j) (the running maxima cancel): dL/ds_j = sum_r dL/dk_jr k_jr
+            ds = (dk * k).sum(-1) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, ds, None, None
 
 
 def causal_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -307,14 +317,15 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
             if isinstance(eps, torch.Tensor):
                 eps = eps.expand(B, H, L, 1).reshape(B * H, L, 1)
             out = CausalLinearAttention.apply(q.reshape(B * H, L, -1), k.reshape(B * H, L, -1),
-                                              v.reshape(B * H, L, -1), None if s is None else s.detach().reshape(B * H, L),
+                                              v.reshape(B * H, L, -1), None if s is None else s.reshape(B * H, L),
                                               eps, int(chunk_size or DEFAULT_CHUNK_SIZE))
             out = out.view(B, H, L, -1)
-        else:
+        else:  # [S | Z] = K'^T [v, 1], the key scales applied to the narrow [v, 1] rows
+            v1 = _with_ones(v)
             if s is not None:
-                k = k * torch.exp(s - s.detach().amax(-1, keepdim=True)).unsqueeze(-1)
-            num = q @ (k.transpose(-1, -2) @ v)                         # (B, H, L, r) @ (B, H, r, d)
-            den = q @ k.sum(-2).unsqueeze(-1)
+                v1 = v1 * torch.exp(s - s.detach().amax(-1, keepdim=True)).unsqueeze(-1)
+            nd = q @ (k.transpose(-1, -2) @ v1)                         # (B, H, L, r) @ (B, H, r, d + 1)
+            num, den = nd[..., :-1], nd[..., -1:]
             den = torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
             out = num / den
     return out.to(out_dtype)
