@@ -43,6 +43,9 @@ MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features"
 WORKER_OPTIONS = ("threads", "steps", "max_seconds", "max_mib", *MODEL_OPTIONS)
 
 
+KEEP_BELOW = "<!-- end of generated part: text below this line is kept when the benchmark rewrites the file -->"
+
+
 def parse_shape(shape: str) -> tuple[int, int]:
     batch, length = shape.split("x")
     return int(batch), int(length)
@@ -359,7 +362,9 @@ def main() -> None:
     if not args.from_json:
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     report = write_report(results, meta, out.with_suffix(".png").name)
-    out.write_text(report + "\n")
+    # hand-written analysis below the marker survives a rerun
+    kept = out.read_text().split(KEEP_BELOW, 1)[1] if out.is_file() and KEEP_BELOW in out.read_text() else "\n"
+    out.write_text(report + "\n\n" + KEEP_BELOW + kept)
     plot(results, meta, out.with_suffix(".png"))
     print("\n" + report)
     print(f"wrote {out}, {out.with_suffix('.png').name}" + ("" if args.from_json else ", and .json beside it"))

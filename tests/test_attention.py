@@ -162,9 +162,9 @@ def test_key_features_bounded_and_finite_at_extreme_inputs():
     fm = FavorPlus(64, 256)
     k = torch.randn(1, 1, 1000, 64) * torch.logspace(-2, 1.3, 1000).view(1, 1, -1, 1)  # norms up to ~160
     f, log_scale = fm(k, is_query=False)
-    assert torch.isfinite(f).all() and torch.allclose(f.sum(-1), torch.ones(1000)) and torch.isfinite(log_scale).all()
-    fq = fm(k, is_query=True)  # per-query normalized: rows sum to 1
-    assert torch.isfinite(fq).all() and torch.allclose(fq.sum(-1), torch.ones(1000))
+    assert torch.isfinite(f).all() and torch.allclose(f.amax(-1), torch.ones(1000)) and torch.isfinite(log_scale).all()
+    fq = fm(k, is_query=True)
+    assert torch.isfinite(fq).all() and torch.allclose(fq.amax(-1), torch.ones(1000))
 
 
 def test_orthogonal_projection_rows():

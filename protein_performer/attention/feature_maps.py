@@ -42,11 +42,10 @@ Stabilizer (why nothing underflows, why it is causal, and why there is no epsilo
 Exponential features exp(u_r) overflow or underflow in float32 (normal range ~ +-87 nats),
 so both sides are shifted by a constant *before* the exponential, never by an epsilon after:
 
-* queries: normalize by the query's own row sum, softmax(u) = exp(u - logsumexp_r u_r) (one
-  fused kernel; entries <= 1, the largest >= 1/r).  A per-query constant multiplies that
-  query's numerator and normalizer alike and cancels.
-* keys: normalize by the key's own row sum and hand the log of it over with the features,
-  ``KeyFeatures(softmax(u_j), s_j)``, s_j = logsumexp_r u_jr (u including -|x_j|^2/2).  The attention then applies the common
+* queries: subtract the row maximum max_r u_r of that query's own exponent vector.  A
+  per-query constant multiplies that query's numerator and normalizer alike and cancels.
+* keys: subtract the key's own row maximum s_j = max_r u_jr (u including -|x_j|^2/2) and
+  hand it over with the features, ``KeyFeatures(exp(u_j - s_j), s_j)``.  The attention then applies the common
   factor a query can afford: bidirectional, exp(s_j - max_j s_j); causal, exp(s_j - M_i) with
   the running maximum M_i = max_{j<=i} s_j (linear.py; the chunked path rescales its states
   as online softmax does, the recurrent state carries M).  Every factor is <= 1, the largest
@@ -79,11 +78,12 @@ class KeyFeatures(NamedTuple):
     log_scale: torch.Tensor | None = None
 
 
-def _normalized_keys(u: torch.Tensor, half_sq: torch.Tensor) -> KeyFeatures:
-    """Keys exp(u - |x|^2/2) as softmax(u) (rows sum to 1, one fused kernel) times exp(s), with the
-    log-scale s = logsumexp(u) - |x|^2/2.  Exact, and differentiable in both parts: the attention
-    applies exp(s) up to a factor common to the keys a query sees."""
-    return KeyFeatures(torch.softmax(u, dim=-1), torch.logsumexp(u, dim=-1, keepdim=True) - half_sq)
+def _row_max_shifted(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exp(u - m), m) with m the row maximum, detached, computed in place (amax, sub, exp: on CPU
+    cheaper than a softmax kernel, and far cheaper than logsumexp)."""
+    with torch.no_grad():
+        m = u.amax(-1, keepdim=True)
+    return u.sub_(m).exp_(), m
 
 
 def gaussian_random_matrix(nb_rows: int, nb_cols: int, generator: torch.Generator | None = None,
@@ -179,9 +179,9 @@ class FavorPlus(_Projected):
             if not stabilize:
                 return torch.exp(x @ w.T - half_sq) / math.sqrt(self.num_features)
             u = x @ w.T
-            if is_query:  # per-query factors cancel: exp(w.x - |x|^2/2) / sum_r(...) = softmax(w.x), one kernel
-                return torch.softmax(u, dim=-1)
-            return _normalized_keys(u, half_sq)
+            if is_query:  # per-query factors cancel: exp(w.x - |x|^2/2 - rowmax) = exp(w.x - max_r w_r.x)
+                return _row_max_shifted(u)[0]
+            return KeyFeatures(*_row_max_shifted(u.sub_(half_sq)))
 
 
 def oprf_A(rho: torch.Tensor) -> torch.Tensor:
@@ -260,9 +260,9 @@ class FavorPlusPlus(FavorPlus):
             if not stabilize:
                 logD = 0.25 * self.head_dim * torch.log(1 - 4 * A)
                 return torch.exp(u - half_sq + logD) / math.sqrt(self.num_features)
-            if is_query:  # per-query factors (|x|^2/2, D, the row sum) cancel: softmax, one kernel
-                return torch.softmax(u, dim=-1)
-            return _normalized_keys(u, half_sq)
+            if is_query:  # per-query factors (|x|^2/2, D, the row max) cancel
+                return _row_max_shifted(u)[0]
+            return KeyFeatures(*_row_max_shifted(u.sub_(half_sq)))
 
 
 class TrigFeatures(_Projected):

@@ -18,8 +18,8 @@ Three paths behind :func:`linear_attention`:
 
 Key scales (why exponential features cannot underflow)
 -------------------------------------------------------
-Exponential feature maps (FAVOR+, FAVOR++) hand over each key as ``k'_j exp(s_j)`` with k'_j
-summing to 1 and the log-scale s_j (see feature_maps.py).  Attention is invariant to
+Exponential feature maps (FAVOR+, FAVOR++) hand over each key as ``k'_j exp(s_j)`` with
+max_r k'_jr = 1 and the log-scale s_j (see feature_maps.py).  Attention is invariant to
 one common factor on all keys a query sees, so
 
 * bidirectional: every key is rescaled by exp(s_j - max_j s_j) (max over real keys);

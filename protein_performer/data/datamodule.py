@@ -57,7 +57,8 @@ class ProteinDataModule(pl.LightningDataModule):
     ``min(crop_len, max_len)`` tokens, ``<cls>``/``<eos>`` included, under the same token
     budget; steps count training batches (the trainer's ``global_step`` times
     ``accumulate_grad_batches``). Validation always uses the first ``max_len`` tokens
-    (the final crop length) in batches of ``batch_size``, so its numbers stay comparable.
+    (the final crop length), in file order, in batches under the token budget (or of
+    ``batch_size`` proteins without one), so its numbers stay comparable.
     """
 
     def __init__(self, path: str, format: str | None = None, objective: str = "mlm", max_len: int = 512,
@@ -116,8 +117,18 @@ class ProteinDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         ds = CropDataset(self.valid_seqs, self.max_len, random_crop=False)
+        collate = Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=self.seed)
+        if self.max_tokens is not None:  # file order, cut under the token budget: a long protein does not pad 31 others
+            lengths = np.array([len(s) for s in self.valid_seqs], dtype=np.int64)
+            if self.max_len is not None:
+                lengths = np.minimum(lengths, self.max_len)
+            world, rank = self._ranks()
+            sampler = TokenBudgetBatchSampler(lengths, max(self.max_tokens, int(lengths.max())), shuffle=False,
+                                              seed=self.seed, num_replicas=world, rank=rank)
+            return DataLoader(Batches(ds), sampler=sampler, batch_size=None, num_workers=self.num_workers,
+                              collate_fn=collate)
         return DataLoader(ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=self.seed))
+                          collate_fn=collate)
 
     # --- token-budget training batches, length curriculum, mid-epoch resume ---------------
     def _ranks(self) -> tuple[int, int]:
