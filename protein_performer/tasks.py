@@ -10,6 +10,7 @@ import math
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import Timer
 from torchmetrics import SumMetric
 
 from .model import PerformerLM
@@ -83,12 +84,20 @@ class ProteinLM(pl.LightningModule):
             (no_decay if p.ndim < 2 or "norm" in name or "embed" in name else decay).append(p)
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=tuple(hp.betas))
-        total = max(int(self.trainer.estimated_stepping_batches), 1) if self.trainer else 10**9
+        total = self.trainer.estimated_stepping_batches if self.trainer else 10**9
+        # a time-budgeted run (trainer.max_time, no step limit) decays along the clock instead
+        timer = None if math.isfinite(total) else next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+
+        def progress(step: int) -> float:
+            if timer is None:  # (no limit at all: no decay)
+                return (step - hp.warmup_steps) / max(int(total) - hp.warmup_steps, 1) if math.isfinite(total) else 0.0
+            elapsed = timer.time_elapsed("train")
+            return elapsed / max(elapsed + timer.time_remaining("train"), 1e-9)
 
         def schedule(step: int) -> float:  # linear warm-up, cosine decay to min_lr_ratio
             if step < hp.warmup_steps:
                 return (step + 1) / hp.warmup_steps
-            t = min((step - hp.warmup_steps) / max(total - hp.warmup_steps, 1), 1.0)
+            t = min(progress(step), 1.0)
             return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)

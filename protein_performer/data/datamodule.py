@@ -15,7 +15,7 @@ from ..tokenizer import InvalidSequenceError, Tokenizer
 from .collate import Collator
 from .datasets import CropDataset
 from .sampler import TokenBudgetBatchSampler, check_crop_schedule
-from .shard_datamodule import Batches
+from .shard_datamodule import Batches, CountsTrainingBatches
 from .split import split_of
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def tokenize_file(path: str | Path, tokenizer: Tokenizer, fmt: str | None = None
             stats["invalid"] = stats.get("invalid", 0) + 1
 
 
-class ProteinDataModule(pl.LightningDataModule):
+class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
     """Reads ``path`` once, splits by a hash of the record id, crops to ``max_len``
     (random window in training, first window in validation) and pads per batch.
 
@@ -131,10 +131,6 @@ class ProteinDataModule(pl.LightningDataModule):
                           collate_fn=collate)
 
     # --- token-budget training batches, length curriculum, mid-epoch resume ---------------
-    def _ranks(self) -> tuple[int, int]:
-        t = self.trainer
-        return (t.world_size, t.global_rank) if t is not None else (1, 0)
-
     def _batches_trained(self) -> int:
         t = self.trainer
         return t.global_step * t.accumulate_grad_batches
@@ -174,14 +170,6 @@ class ProteinDataModule(pl.LightningDataModule):
             state = {**state, "consumed": 0}
         sampler.load_state_dict(state)
         self._progress = {"epoch": state["epoch"], "consumed": state["consumed"]}
-
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        if self.trainer is not None and self.trainer.training and self._train_sampler is not None:
-            epoch = self._train_sampler.epoch
-            if epoch != self._progress["epoch"]:
-                self._progress = {"epoch": epoch, "consumed": 0}
-            self._progress["consumed"] += 1
-        return batch
 
     def state_dict(self) -> dict:
         if self.max_tokens is None:  # fixed-size batches: an interrupted epoch starts over

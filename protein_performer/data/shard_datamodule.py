@@ -58,7 +58,25 @@ class Batches(Dataset):
         return [self.items[i] for i in indices]
 
 
-class ShardDataModule(pl.LightningDataModule):
+class CountsTrainingBatches:
+    """LightningDataModule mixin: counts the training batches of the current epoch that reached
+    the model (``self._progress``), so ``state_dict`` can resume the batch sampler
+    (``self._train_sampler``) mid-epoch; and this process's (world size, rank)."""
+
+    def _ranks(self) -> tuple[int, int]:
+        t = self.trainer
+        return (t.world_size, t.global_rank) if t is not None else (1, 0)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        if self.trainer is not None and self.trainer.training and self._train_sampler is not None:
+            epoch = self._train_sampler.epoch
+            if epoch != self._progress["epoch"]:
+                self._progress = {"epoch": epoch, "consumed": 0}
+            self._progress["consumed"] += 1
+        return batch
+
+
+class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
     def __init__(self, path: str | None = None, url: str | None = None, download: bool = False,
                  metalink: str | None = None, md5: str | None = None, data_dir: str | None = None,
                  format: str | None = None, mode: str = "crop", max_len: int = 1024, window: int = 8192,
@@ -128,10 +146,6 @@ class ShardDataModule(pl.LightningDataModule):
         lengths = np.minimum(shards.lengths + 1, self.max_len)  # + <cls>
         return CropDataset(WithCls(shards, self.tokenizer.cls_id), self.max_len, random_crop=train), lengths
 
-    def _ranks(self) -> tuple[int, int]:
-        t = self.trainer
-        return (t.world_size, t.global_rank) if t is not None else (1, 0)
-
     def _loader(self, split: str, train: bool) -> DataLoader:
         ds, lengths = self.dataset(split, train)
         world, rank = self._ranks()
@@ -157,14 +171,6 @@ class ShardDataModule(pl.LightningDataModule):
         return self._loader("test", False)
 
     # --- mid-epoch resume ---------------------------------------------------------------
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        if self.trainer is not None and self.trainer.training and self._train_sampler is not None:
-            epoch = self._train_sampler.epoch
-            if epoch != self._progress["epoch"]:
-                self._progress = {"epoch": epoch, "consumed": 0}
-            self._progress["consumed"] += 1
-        return batch
-
     def state_dict(self) -> dict:
         world, _ = self._ranks()
         return {**self._progress, "seed": self.seed, "num_replicas": world}
