@@ -122,14 +122,14 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _past_states(U: torch.Tensor, exclusive_scan) -> torch.Tensor:
-    """exclusive_scan(U) over chunk states U (G, N, r, f), where a chunk with a non-finite entry
+    """exclusive_scan(U) over chunk states U (G, N, r, f; overwritten), where a chunk with a non-finite entry
     poisons (NaN) the states of later chunks only: the scan's masked matmuls would otherwise
     meet its inf/NaN with zeros and carry NaN into earlier chunks.  (A sum per chunk detects
     non-finite entries in one cheap pass.)"""
     bad = ~torch.isfinite(U.sum(dim=(2, 3)))                           # (G, N)
-    S = exclusive_scan(U.masked_fill(bad[..., None, None], 0.0))
+    S = exclusive_scan(U.masked_fill_(bad[..., None, None], 0.0))      # U is a temporary: in place
     after_bad = (bad.cumsum(1) - bad.long()) > 0
-    return S.masked_fill(after_bad[..., None, None], float("nan"))
+    return S.masked_fill_(after_bad[..., None, None], float("nan"))
 
 
 def _reverse(scan, x: torch.Tensor, *args) -> torch.Tensor:
