@@ -234,24 +234,20 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(dm, steps, tmp, ckpt=None, save_every=None):
-    model = Recorder(Index(dm.train_seqs))
-    cbs = [pl.callbacks.ModelCheckpoint(dirpath=tmp, every_n_train_steps=save_every, save_top_k=-1)] if save_every else []
-    t = pl.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   limit_val_batches=0, callbacks=cbs, enable_checkpointing=bool(save_every), accelerator="cpu")
-    t.fit(model, datamodule=dm, ckpt_path=ckpt)
-    return model.seen
-
-
-def test_lightning_curriculum_follows_global_step_whole_epochs_and_resumes(fasta, tmp_path):
+def test_lightning_curriculum_follows_global_step_whole_epochs_and_resumes(fasta, tmp_path, fit_recording):
     path, _ = fasta
     schedule = [[0, 32], [4, 128], [20, 512]]
     kw = dict(max_len=512, max_tokens=512, crop_schedule=schedule)
+
+    def _fit(*args, **kwargs):
+        dm = make_dm(path, **kw)
+        return fit_recording(Recorder(Index(dm.train_seqs)), dm, *args, **kwargs)
+
     probe = make_dm(path, **kw)
     n0 = len(probe.train_dataloader())  # short first epoch: small crops, many proteins a batch
     assert 10 < n0 < 30
     total = n0 + 80  # into the third epoch
-    full = _fit(make_dm(path, **kw), total, tmp_path / "a")
+    full = _fit(total, tmp_path / "a")
     assert [s for _, s, _ in full] == list(range(total))
     lens = {p: len(s) for p, s in enumerate(probe.train_seqs)}
     for _, step, items in full:
@@ -261,9 +257,9 @@ def test_lightning_curriculum_follows_global_step_whole_epochs_and_resumes(fasta
     second = sorted(p for e, _, items in full if e == 1 for p, _ in items)
     assert second == list(range(len(lens)))
     # stop in the second epoch, resume: the same batches and crops as the uninterrupted run
-    first = _fit(make_dm(path, **kw), n0 + 4, tmp_path / "b", save_every=n0 + 4)
+    first = _fit(n0 + 4, tmp_path / "b", save_every=n0 + 4)
     ckpt = next((tmp_path / "b").glob("*.ckpt"))
-    rest = _fit(make_dm(path, **kw), total, tmp_path / "c", ckpt=str(ckpt))
+    rest = _fit(total, tmp_path / "c", ckpt=str(ckpt))
     assert first + rest == full
 
 

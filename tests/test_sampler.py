@@ -145,16 +145,7 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(dm, steps, tmp, ckpt=None, save_every=None):
-    model = Recorder()
-    cbs = [pl.callbacks.ModelCheckpoint(dirpath=tmp, every_n_train_steps=save_every, save_top_k=-1)] if save_every else []
-    t = pl.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   limit_val_batches=0, callbacks=cbs, enable_checkpointing=bool(save_every), accelerator="cpu")
-    t.fit(model, datamodule=dm, ckpt_path=ckpt)
-    return model.seen
-
-
-def test_lightning_resume_mid_epoch_continues_the_same_batches(small, tmp_path):
+def test_lightning_resume_mid_epoch_continues_the_same_batches(small, tmp_path, fit_recording):
     path, cache, _ = small
     kw = dict(path=str(path), data_dir=str(cache), max_len=50_000, valid_fraction=0.2, test_fraction=0.0,  # no crops
               prepare_workers=0, progress=False, max_tokens=3000, mask_prob=0.0)
@@ -162,10 +153,10 @@ def test_lightning_resume_mid_epoch_continues_the_same_batches(small, tmp_path):
     dm.setup()
     n = len(dm.train_dataloader())
     total = n + n // 2  # into the second epoch
-    full = _fit(ShardDataModule(**kw), total, tmp_path / "a")
-    first = _fit(ShardDataModule(**kw), n + 3, tmp_path / "b", save_every=n + 3)
+    full = fit_recording(Recorder(), ShardDataModule(**kw), total, tmp_path / "a")
+    first = fit_recording(Recorder(), ShardDataModule(**kw), n + 3, tmp_path / "b", save_every=n + 3)
     ckpt = next((tmp_path / "b").glob("*.ckpt"))
-    rest = _fit(ShardDataModule(**kw), total, tmp_path / "c", ckpt=str(ckpt))
+    rest = fit_recording(Recorder(), ShardDataModule(**kw), total, tmp_path / "c", ckpt=str(ckpt))
     assert len(full) == total
     assert first + rest == full
 
