@@ -41,8 +41,7 @@ def compose_train_config(overrides: Sequence[str]):
 def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str | Path, output_dir: str | Path,
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
-            title: str = "Performer against exact softmax attention, at equal steps",
-            **eval_kwargs) -> dict[str, dict]:
+            title: str = "Performer kernels against exact softmax", **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
@@ -95,7 +94,7 @@ def perplexity_gaps(results: dict[str, dict], exact_name: str = "transformer") -
 
 def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | Path, train_overrides: Sequence[str],
                          heldout: str | Path, *, command: str | None = None, exact_name: str = "transformer",
-                         title: str = "Performer against exact softmax attention, at equal steps") -> None:
+                         title: str = "Performer kernels against exact softmax") -> None:
     """Write the table, gaps and plot into ``doc``, keeping any text after GENERATED_END."""
     import datetime
     import shutil

@@ -73,7 +73,6 @@ def cap_address_space(max_mib: int) -> None:
 
 def build_model(args, vocab_size: int, length: int):
     """The model for ``args.kernel`` and a note on how it was built."""
-
     causal = args.mode == "causal"
     if args.kernel == PP:
         from performer_pytorch import FastAttention, PerformerLM as ReferencePerformerLM

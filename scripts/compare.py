@@ -1,4 +1,5 @@
-"""Performer kernels against exact softmax at equal steps: python scripts/compare.py [train.trainer.max_steps=...]"""
+"""Performer kernels against exact softmax at equal steps: python scripts/compare.py [train.trainer.max_steps=...];
+at equal wall-clock time with long crops: python scripts/compare.py --config-name long_proteins"""
 import sys
 
 import hydra
@@ -9,7 +10,7 @@ from protein_performer.evaluate import format_table
 from protein_performer.io import ParseError
 
 
-@hydra.main(config_path="../conf", config_name="compare", version_base="1.3")  # --config-name long_proteins: equal time
+@hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     overrides = flatten_overrides(OmegaConf.to_container(cfg.train, resolve=True))
     command = "python scripts/compare.py " + " ".join(sys.argv[1:])
@@ -17,8 +18,8 @@ def main(cfg: DictConfig) -> None:
         results = compare(list(cfg.models), overrides, cfg.heldout.path, cfg.output_dir, doc=cfg.doc,
                           reuse=cfg.reuse, command=command.strip(), exact_name=cfg.exact,
                           model_overrides={name: flatten_overrides(tree) for name, tree in
-                                           OmegaConf.to_container(cfg.get("model_overrides") or {}, resolve=True).items()},
-                          title=cfg.get("title") or "Performer against exact softmax attention, at equal steps",
+                                           OmegaConf.to_container(cfg.model_overrides, resolve=True).items()},
+                          title=cfg.title,
                           max_records=cfg.heldout.max_records, **OmegaConf.to_container(cfg.eval, resolve=True))
     except (FileNotFoundError, ParseError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -105,9 +105,24 @@ def test_non_finite_future_or_padded_value_stays_put(kernel, bad):
         assert torch.equal(out[1, :15], ref[1, :15]), "padded value reached real outputs"
         if causal:
             assert torch.equal(out[0, :11], ref[0, :11]), "future value reached past outputs"
-            assert not torch.isfinite(out[0, 11:]).all()  # and it is not hidden where it belongs
+            # and it is not hidden where it belongs: every later row, in its chunk and after, is non-finite
+            assert (~torch.isfinite(out[0, 11:])).any(-1).all()
 
 
 def test_trig_kernel_warns():
     with pytest.warns(UserWarning, match="unsafe for training"):
         Attention(32, 4, kernel="trig", nb_features=16)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_value_alone_poisons_only_later_rows(bad):
+    """Only v is non-finite (finite features): rows before it are exactly unchanged, and every
+    row from it on, in its own chunk too, is non-finite rather than silently finite."""
+    q, k = _positive(1, 2, 21, 6, seed=6), _positive(1, 2, 21, 6, seed=7)
+    v = torch.randn(1, 2, 21, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    ref = linear_attention(q, k, v, causal=True, chunk_size=8)
+    v2 = v.clone()
+    v2[:, :, 11, 1] = bad
+    out = linear_attention(q, k, v2, causal=True, chunk_size=8)
+    assert torch.equal(out[:, :, :11], ref[:, :, :11])
+    assert (~torch.isfinite(out[:, :, 11:])).any(-1).all()

@@ -11,9 +11,9 @@ Three paths behind :func:`linear_attention`:
   al. 2020, eqs. 8-10): with G the gradient of the unnormalized product,
       dQ_i = sum_{j<=i} (g_i . v_j) k_j      (forward prefix sums of k v^T)
       dK_j = sum_{i>=j} (v_j . g_i) q_i      (reverse prefix sums of q g^T)
-      dV_j = sum_{i>=j} (q_i . k_j) g_i      (reverse prefix sums of q k^T ... g)
-  each of which is again a causal product (the reverse ones on the flipped sequence), so
-  training memory per head is O(L (r + d + C) + (L / C) r d), never O(L r d);
+      dV_j = sum_{i>=j} (q_i . k_j) g_i      (the same reverse prefix sums)
+  with the intra-chunk scores reused from the forward and the reverse sums taken over chunk
+  states, so training memory per head is O(L (r + d + C) + (L / C) r d), never O(L r d);
 * recurrent (:func:`linear_attention_step`): one token's q', k', v and the state (S, Z, m).
 
 Key scales (why exponential features cannot underflow)
