@@ -37,6 +37,7 @@ from .io import ParseError, read_records
 from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .tokenizer import InvalidSequenceError, Tokenizer
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
     for layer in layers:
         a = int(layer) + depth + 1 if int(layer) < 0 else int(layer)
         if not 0 <= a <= depth:
-            raise ValueError(f"layer {layer} does not exist: the model has layers 0..{depth} "
+            raise UserError(f"layer {layer} does not exist: the model has layers 0..{depth} "
                              f"(0 = embedding, {depth} = last block) or -{depth + 1}..-1")
         if a not in out:
             out.append(a)
@@ -81,7 +82,7 @@ def resolve_pooling(pooling: str | Sequence[str]) -> list[str]:
     pooling = [pooling] if isinstance(pooling, str) else list(pooling)
     for p in pooling:
         if p not in POOLINGS:
-            raise ValueError(f"pooling {p!r} is not one of {', '.join(POOLINGS)}")
+            raise UserError(f"pooling {p!r} is not one of {', '.join(POOLINGS)}")
     return list(dict.fromkeys(pooling))
 
 
@@ -91,7 +92,7 @@ def _dtype(precision: str | int) -> torch.dtype:
              "bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16,
              "16": torch.float16, "fp16": torch.float16, "16-mixed": torch.float16}
     if p not in table:
-        raise ValueError(f"precision {precision!r}: expected 32, bf16 or 16")
+        raise UserError(f"precision {precision!r}: expected 32, bf16 or 16")
     return table[p]
 
 
@@ -419,7 +420,7 @@ class H5Writer:
             old = self.f.attrs.get(k)
             old = list(old) if isinstance(old, np.ndarray) else old
             if old is not None and (list(old) if isinstance(v, list) else type(v)(old)) != v:
-                raise ValueError(f"{self.resumed_from}: written with {k}={old}, now asked {k}={v}; "
+                raise UserError(f"{self.resumed_from}: written with {k}={old}, now asked {k}={v}; "
                                  f"choose another output file to embed with different settings")
         # rows may be fewer than ids if a crash hit between resizes: keep the consistent prefix
         n = min([self.f["ids"].shape[0]] + [self.f[self._key(p, layer)].shape[0]
@@ -508,9 +509,9 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     embedded, residues, seconds, residues_per_s and the skipped kinds.
     """
     if output is None and pt_dir is None:
-        raise ValueError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
+        raise UserError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
     if on_invalid not in ("skip", "error"):
-        raise ValueError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
+        raise UserError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
     emb, tokenizer, kernel = build_embedder(ckpt, device, unknown, layers, pooling, per_residue, precision,
                                             long_alone)
     net, layers, pooling = emb.model, emb.layers, emb.pooling

@@ -40,6 +40,7 @@ from .objectives import IGNORE, mask_tokens, token_stats, unigram_baseline
 from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .tokenizer import Tokenizer
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def length_bucket(num_residues: int) -> str:
     for label, lo, hi in BUCKETS:
         if lo <= num_residues <= hi:
             return label
-    raise ValueError(f"invalid protein length {num_residues}")
+    raise UserError(f"invalid protein length {num_residues}")
 
 
 @dataclass
@@ -120,7 +121,7 @@ def load_proteins(path: str | Path, fmt: str | None = None, max_records: int | N
     if skipped:
         log.warning("%s: skipped %s", path, skipped)
     if not proteins:
-        raise ValueError(f"{path}: no protein records")
+        raise UserError(f"{path}: no protein records")
     return proteins
 
 
@@ -154,7 +155,7 @@ def inputs_and_labels(tokens: np.ndarray, objective: str, tokenizer: Tokenizer, 
         inputs, labels = t[:-1], t[1:].clone()
         labels[labels < tokenizer.aa_offset] = IGNORE  # score residues only (not <eos>)
         return inputs, labels
-    raise ValueError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+    raise UserError(f"objective must be 'mlm' or 'clm', got {objective!r}")
 
 
 def window_spans(n: int, window: int, stride: int, causal: bool) -> list[tuple[int, int, int, int]]:
@@ -163,7 +164,7 @@ def window_spans(n: int, window: int, stride: int, causal: bool) -> list[tuple[i
     owned by exactly one window. Causal: a window owns what the previous did not reach (the
     most left context); bidirectional: the boundaries sit mid-way through the overlaps."""
     if window < 1 or not 0 < stride <= window:
-        raise ValueError(f"need window >= 1 and 0 < stride <= window, got window={window}, stride={stride}")
+        raise UserError(f"need window >= 1 and 0 < stride <= window, got window={window}, stride={stride}")
     if n <= window:
         return [(0, n, 0, n)]
     starts = list(range(0, n - window, stride)) + [n - window]
@@ -211,7 +212,7 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
     objective = task.hparams.objective
     proteins = _as_proteins(sequences, tokenizer)
     if not proteins:
-        raise ValueError("nothing to evaluate: no sequences")
+        raise UserError("nothing to evaluate: no sequences")
     dev = resolve_device(device)
     task = task.to(dev).eval()
     freqs = task.aa_frequencies
@@ -303,7 +304,7 @@ def checkpoint_name(path: str | Path) -> str:
 def _unique_names(paths: Sequence[str], names: Sequence[str] | None) -> list[str]:
     if names is not None:
         if len(names) != len(paths):
-            raise ValueError(f"names: {len(names)} given for {len(paths)} checkpoints")
+            raise UserError(f"names: {len(names)} given for {len(paths)} checkpoints")
         return list(names)
     out: list[str] = []
     for p in paths:
@@ -398,7 +399,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
 
     paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(c) for c in ckpt]
     if not paths:
-        raise ValueError("ckpt: no checkpoint given")
+        raise UserError("ckpt: no checkpoint given")
     for p in paths:  # fail before the (slow) work on a missing file
         if not Path(p).is_file():
             raise FileNotFoundError(f"checkpoint {p}: no such file")
@@ -414,7 +415,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
             raise
         except Exception as e:  # e.g. pickle.UnpicklingError for a file that is not a checkpoint
             first = (str(e).strip().splitlines() or [""])[0]
-            raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
+            raise UserError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
         m = evaluate_model(task, proteins, desc=name, **kwargs)
         m["checkpoint"] = path
         m["step"] = checkpoint_step(path)

@@ -32,10 +32,11 @@ from typing import Sequence
 import torch
 
 from .device import resolve_device
+from .errors import UserError
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
 
 
-class GenerationError(ValueError):
+class GenerationError(UserError):
     """A bad generation request (checkpoint, prompt or setting), with a one-line message."""
 
 

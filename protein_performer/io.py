@@ -13,13 +13,15 @@ import io
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import UserError
 from typing import Iterator
 
 FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fas", ".fna", ".mpfa", ".pep")
 DAT_SUFFIXES = (".dat", ".txt", ".swiss", ".sp")
 
 
-class ParseError(ValueError):
+class ParseError(UserError):
     """A malformed input file; the message names file, record and line."""
 
 
@@ -163,4 +165,4 @@ def read_records(path: str | Path, fmt: str | None = None, **kw) -> Iterator[Rec
         return read_fasta(path, **kw)
     if fmt in ("uniprot", "dat", "swiss"):
         return read_uniprot(path, **kw)
-    raise ValueError(f"unknown format {fmt!r} (expected 'fasta' or 'uniprot')")
+    raise UserError(f"unknown format {fmt!r} (expected 'fasta' or 'uniprot')")

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import Attention
+from .errors import UserError
 
 
 class FeedForward(nn.Module):
@@ -64,7 +65,7 @@ class PerformerLM(nn.Module):
                  attention: dict | None = None):
         super().__init__()
         if position not in ("rotary", "learned"):
-            raise ValueError(f"model.position must be 'rotary' or 'learned', got {position!r}")
+            raise UserError(f"model.position must be 'rotary' or 'learned', got {position!r}")
         attention = dict(attention or {})
         attention["rotary"] = position == "rotary"
         self.causal, self.position, self.max_len = causal, position, max_len
@@ -88,7 +89,7 @@ class PerformerLM(nn.Module):
         if self.pos_embed is None:
             return x
         if start + length > self.max_len:
-            raise ValueError(f"sequence of {start + length} tokens exceeds the learned positions "
+            raise UserError(f"sequence of {start + length} tokens exceeds the learned positions "
                              f"(model.max_len={self.max_len}); use model.position=rotary for longer proteins")
         return x + self.pos_embed(torch.arange(start, start + length, device=x.device))
 
@@ -113,7 +114,7 @@ class PerformerLM(nn.Module):
     # --- RNN-mode decoding (causal models) -------------------------------------------
     def init_state(self, batch_size: int, device=None) -> dict:
         if not self.causal:
-            raise ValueError("RNN-mode decoding needs a causal model (objective=clm)")
+            raise UserError("RNN-mode decoding needs a causal model (objective=clm)")
         return {"pos": 0, "layers": [b.attn.init_state(batch_size, device) for b in self.blocks]}
 
     @torch.no_grad()

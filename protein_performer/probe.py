@@ -25,6 +25,7 @@ import numpy as np
 
 from .embed import sequence_id
 from .tokenizer import STANDARD_AA
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def load_embeddings(paths: str | Path | Sequence[str | Path], pooling: str = "me
             if not hasattr(node, "shape"):  # a group keyed by layer
                 layers = sorted(node.keys(), key=int)
                 if layer is None:
-                    raise ValueError(f"{p}: '{pooling}' holds layers {layers}; choose one with layer=")
+                    raise UserError(f"{p}: '{pooling}' holds layers {layers}; choose one with layer=")
                 if str(layer) not in node:
                     raise KeyError(f"{p}: no layer {layer} under '{pooling}' (has {layers})")
                 node = node[str(layer)]
@@ -83,12 +84,12 @@ def read_labels(path: str | Path) -> Labels:
         if "sequence" in col and "seq" not in col:
             col["seq"] = col["sequence"]
         if "label" not in col or not ({"id", "seq"} & col.keys()):
-            raise ValueError(f"{path}:1: header {header} needs a 'label' column and an 'id' or 'seq' column")
+            raise UserError(f"{path}:1: header {header} needs a 'label' column and an 'id' or 'seq' column")
         for n, row in enumerate(reader, 2):
             if not row:
                 continue
             if len(row) < len(header):
-                raise ValueError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
+                raise UserError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
             label = row[col["label"]].strip()
             seq = row[col["seq"]].strip() if "seq" in col else None
             if not label or (seq is not None and not seq):
@@ -99,7 +100,7 @@ def read_labels(path: str | Path) -> Labels:
             seqs.append(seq)
             split.append(row[col["split"]].strip().lower() if "split" in col else None)
     if not ids:
-        raise ValueError(f"{path}: no labeled rows")
+        raise UserError(f"{path}: no labeled rows")
     return Labels(ids, labels, seqs if "seq" in col else None, split if "split" in col else None,
                   str(path), skipped)
 
@@ -145,7 +146,7 @@ def make_probe(task: str, folds: int = 5, seed: int = 0):
     elif task == "regression":
         head = RidgeCV(alphas=np.logspace(-3, 5, 9))
     else:
-        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+        raise UserError(f"task must be 'classification' or 'regression', got {task!r}")
     return make_pipeline(StandardScaler(), head)
 
 
@@ -228,7 +229,7 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     if missing:
         log.warning("%d labeled rows have no embedding in %s (skipped)", missing, embeddings)
     if any(len(g[0]) == 0 for g in gathered):
-        raise ValueError(f"no labeled rows of {labels} match ids in {embeddings} "
+        raise UserError(f"no labeled rows of {labels} match ids in {embeddings} "
                          f"(CSV rows without an id column are matched by sequence_id(seq))")
     # subsample (seeded) and build features
     caps = [max_train, max_test]

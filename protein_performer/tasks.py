@@ -16,6 +16,7 @@ from torchmetrics import SumMetric
 from .model import PerformerLM
 from .objectives import IGNORE, token_stats, unigram_baseline
 from .tokenizer import VERSION, Tokenizer
+from .errors import UserError
 
 
 class ProteinLM(pl.LightningModule):
@@ -24,9 +25,9 @@ class ProteinLM(pl.LightningModule):
                  aa_frequencies: list[float] | None = None, tokenizer_version: int = VERSION):
         super().__init__()
         if objective not in ("mlm", "clm"):
-            raise ValueError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+            raise UserError(f"objective must be 'mlm' or 'clm', got {objective!r}")
         if tokenizer_version != VERSION:
-            raise ValueError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
+            raise UserError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
         self.save_hyperparameters()
         self.tokenizer = Tokenizer()
         self.model = PerformerLM(vocab_size=self.tokenizer.vocab_size, causal=objective == "clm", **dict(model))
@@ -113,6 +114,6 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
         module = ProteinLM.load_from_checkpoint(path, map_location=map_location)
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
+        raise UserError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
     return module.eval()
 

@@ -11,6 +11,8 @@ from typing import Iterable
 
 import numpy as np
 
+from .errors import UserError
+
 VERSION = 1
 
 SPECIAL_TOKENS = ("<pad>", "<mask>", "<cls>", "<eos>", "<unk>")
@@ -19,7 +21,7 @@ EXTRA_AA = "XBZUO"  # unknown, Asx, Glx, selenocysteine, pyrrolysine
 AMINO_ACIDS = STANDARD_AA + EXTRA_AA
 
 
-class InvalidSequenceError(ValueError):
+class InvalidSequenceError(UserError):
     """A residue the vocabulary does not know, reported with where it was found."""
 
 
@@ -42,7 +44,7 @@ class Tokenizer:
 
     def __post_init__(self):
         if self.unknown not in ("error", "X", "unk"):
-            raise ValueError(f"tokenizer.unknown must be 'error', 'X' or 'unk', got {self.unknown!r}")
+            raise UserError(f"tokenizer.unknown must be 'error', 'X' or 'unk', got {self.unknown!r}")
 
     # --- vocabulary -------------------------------------------------------------------
     @property

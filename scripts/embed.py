@@ -6,9 +6,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from protein_performer.embed import embed_file
+from protein_performer.errors import cli
 
 
 @hydra.main(config_path="../conf", config_name="embed", version_base="1.3")
+@cli
 def main(cfg: DictConfig) -> None:
     logging.getLogger("protein_performer").setLevel(logging.INFO)
     kw = OmegaConf.to_container(cfg, resolve=True)

@@ -3,9 +3,11 @@ import hydra
 from omegaconf import DictConfig
 
 from protein_performer.data.shards import PreparedData
+from protein_performer.errors import cli
 
 
 @hydra.main(config_path="../conf", config_name="prepare_data", version_base="1.3")
+@cli
 def main(cfg: DictConfig) -> None:
     datamodule = hydra.utils.instantiate(cfg.data)
     if not hasattr(datamodule, "source_file"):

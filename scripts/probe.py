@@ -7,9 +7,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from protein_performer.probe import format_result, run_probe
+from protein_performer.errors import cli
 
 
 @hydra.main(config_path="../conf", config_name="probe", version_base="1.3")
+@cli
 def main(cfg: DictConfig) -> None:
     logging.getLogger("protein_performer").setLevel(logging.INFO)
     kw = OmegaConf.to_container(cfg, resolve=True)

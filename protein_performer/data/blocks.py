@@ -25,6 +25,7 @@ import xxhash
 from ..io import ParseError
 from ..tokenizer import AMINO_ACIDS, Tokenizer
 from .split import SPLITS
+from ..errors import UserError
 
 # Bytes Python's str.split() treats as whitespace (latin-1), which is what
 # read_fasta + Tokenizer.clean drop from sequence lines.
@@ -286,7 +287,7 @@ def tokenize_block(buf: bytes, fmt: str, *, tokenizer: Tokenizer = Tokenizer(), 
     elif fmt == "uniprot":
         ids, seqs, errors, locate = _uniprot(buf, source, table, ws)
     else:
-        raise ValueError(f"unknown format {fmt!r} (expected 'fasta' or 'uniprot')")
+        raise UserError(f"unknown format {fmt!r} (expected 'fasta' or 'uniprot')")
     r = len(seqs)
     lens = np.fromiter(map(len, seqs), dtype=np.int64, count=r)
     arr = np.frombuffer(b"".join(seqs), dtype=np.uint8)

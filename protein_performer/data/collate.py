@@ -6,6 +6,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..objectives import clm_labels, mask_tokens
 from ..tokenizer import Tokenizer
+from ..errors import UserError
 
 
 class Collator:
@@ -19,7 +20,7 @@ class Collator:
     def __init__(self, tokenizer: Tokenizer, objective: str = "mlm", mask_prob: float = 0.15,
                  fixed_seed: int | None = None):
         if objective not in ("mlm", "clm"):
-            raise ValueError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+            raise UserError(f"objective must be 'mlm' or 'clm', got {objective!r}")
         self.tokenizer, self.objective, self.mask_prob, self.fixed_seed = tokenizer, objective, mask_prob, fixed_seed
 
     def __call__(self, batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -12,12 +12,13 @@ import torch
 from torch.utils.data import Dataset
 
 from .shards import SplitShards
+from ..errors import UserError
 
 
 class ConcatWindows(Dataset):
     def __init__(self, shards: SplitShards, window: int = 8192):
         if window < 2:
-            raise ValueError(f"window must be at least 2 tokens, got {window}")
+            raise UserError(f"window must be at least 2 tokens, got {window}")
         self.shards, self.window = shards, window
         totals = np.array([s["tokens"] for s in shards.shards], dtype=np.int64)
         counts = -(-totals // window)

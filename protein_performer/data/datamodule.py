@@ -17,6 +17,7 @@ from .datasets import CropDataset
 from .sampler import TokenBudgetBatchSampler, check_crop_schedule
 from .shard_datamodule import Batches, CountsTrainingBatches
 from .split import split_of
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.valid_fraction, self.num_workers, self.seed = valid_fraction, num_workers, seed
         self.mask_prob, self.skip_invalid, self.max_records = mask_prob, skip_invalid, max_records
         if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"data.max_tokens must be positive or null, got {max_tokens}")
+            raise UserError(f"data.max_tokens must be positive or null, got {max_tokens}")
         schedule = check_crop_schedule(crop_schedule)
         if schedule is not None and max_tokens is None:
-            raise ValueError("data.crop_schedule needs data.max_tokens (a token budget per batch); "
+            raise UserError("data.crop_schedule needs data.max_tokens (a token budget per batch); "
                              "set data.crop_schedule=null for fixed-size batches")
         if schedule is not None and max_len is not None:
             if schedule[-1][1] < max_len:
@@ -98,7 +99,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
                                       self.skip_invalid, self.stats):
             (valid if split_of(rec.id, self.valid_fraction) == "valid" else train).append(ids)
         if not train or not valid:
-            raise ValueError(f"{self.path}: split gave {len(train)} training and {len(valid)} validation records; "
+            raise UserError(f"{self.path}: split gave {len(train)} training and {len(valid)} validation records; "
                              f"need both (data.valid_fraction={self.valid_fraction})")
         self.train_seqs, self.valid_seqs = train, valid
         skipped = {k: v for k, v in self.stats.items() if v}

@@ -18,10 +18,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError):
     """A download that could not be completed or verified (message names URL and file)."""
 
 

@@ -29,6 +29,7 @@ from .blocks import BlockResult, is_gzip, iter_ranges, iter_text_blocks, read_ra
 from .dedup import HashSet
 from .shards import MANIFEST, ShardWriter, write_json
 from .split import SPLITS
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -151,9 +152,9 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file")
     if on_invalid not in ("skip", "error"):
-        raise ValueError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
+        raise UserError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
     if not (valid_fraction >= 0 and test_fraction >= 0 and valid_fraction + test_fraction < 1):
-        raise ValueError(f"need 0 <= valid_fraction, test_fraction and a sum < 1, got {valid_fraction}, {test_fraction}")
+        raise UserError(f"need 0 <= valid_fraction, test_fraction and a sum < 1, got {valid_fraction}, {test_fraction}")
     fmt = {"dat": "uniprot", "swiss": "uniprot"}.get(format, format) or detect_format(source)
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     sha = file_sha256(source, data_dir)
@@ -189,7 +190,7 @@ def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unkno
     info_path = out / "params.json"
     info = {"source_sha256": sha, "params": params}
     if info_path.is_file() and json.loads(info_path.read_text()) != info:
-        raise ValueError(f"{out}: holds a preparation of other data or settings ({info_path}); use another out_dir")
+        raise UserError(f"{out}: holds a preparation of other data or settings ({info_path}); use another out_dir")
     write_json(info_path, info)
 
     # resume after the last committed part

@@ -27,6 +27,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import DistributedSampler
 
+from ..errors import UserError
+
 
 class TokenBudgetBatchSampler(DistributedSampler):
     """Yields lists of item indices. It subclasses ``DistributedSampler`` only so that
@@ -38,9 +40,9 @@ class TokenBudgetBatchSampler(DistributedSampler):
                  crop_schedule: Sequence[Sequence[int]] | None = None, step_fn: Callable[[], int] | None = None):
         lengths = np.asarray(lengths, dtype=np.int64)
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+            raise UserError(f"max_tokens must be positive, got {max_tokens}")
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} out of range for {num_replicas} replicas")
+            raise UserError(f"rank {rank} out of range for {num_replicas} replicas")
         self.lengths, self.max_tokens, self.shuffle, self.seed = lengths, int(max_tokens), shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         self.drop_last = shuffle if drop_last is None else drop_last  # equal steps per rank in training
@@ -178,7 +180,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
     def load_state_dict(self, state: dict) -> None:
         """Resume ``state['epoch']`` after ``state['consumed']`` batches of this rank."""
         if state.get("num_replicas", self.num_replicas) != self.num_replicas or state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"cannot resume mid-epoch: the checkpoint was written with seed {state.get('seed')} and "
+            raise UserError(f"cannot resume mid-epoch: the checkpoint was written with seed {state.get('seed')} and "
                              f"{state.get('num_replicas')} ranks, this run has seed {self.seed} and "
                              f"{self.num_replicas} ranks")
         self.epoch, self.start = int(state["epoch"]), int(state["consumed"])
@@ -191,10 +193,10 @@ def check_crop_schedule(schedule: Sequence[Sequence[int]] | None) -> list[tuple[
     try:
         out = [(int(s), int(c)) for s, c in schedule]
     except (TypeError, ValueError):
-        raise ValueError(f"crop_schedule must be a list of [step, crop_len] pairs, got {schedule!r}") from None
+        raise UserError(f"crop_schedule must be a list of [step, crop_len] pairs, got {schedule!r}") from None
     steps = [s for s, _ in out]
     if not out or steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])) or min(c for _, c in out) < 1:
-        raise ValueError(f"crop_schedule must start at step 0 with strictly increasing steps and positive "
+        raise UserError(f"crop_schedule must start at step 0 with strictly increasing steps and positive "
                          f"crop lengths, got {schedule!r}")
     return out
 

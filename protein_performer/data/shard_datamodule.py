@@ -28,6 +28,7 @@ from .download import download as fetch
 from .prepare import default_data_dir, file_lock, prepare
 from .sampler import TokenBudgetBatchSampler
 from .shards import PreparedData, SplitShards
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,9 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
                  num_workers: int = 0, seed: int = 0, pool_size: int | None = None, progress: bool = True):
         super().__init__()
         if mode not in ("crop", "concat"):
-            raise ValueError(f"data.mode must be 'crop' or 'concat', got {mode!r}")
+            raise UserError(f"data.mode must be 'crop' or 'concat', got {mode!r}")
         if (path is None) == (url is None):
-            raise ValueError("give exactly one of data.path (a local FASTA/.dat file) and data.url")
+            raise UserError("give exactly one of data.path (a local FASTA/.dat file) and data.url")
         self.path, self.url, self.download, self.metalink, self.md5 = path, url, download, metalink, md5
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
         self.format, self.mode, self.max_len, self.window = format, mode, max_len, window
@@ -129,7 +130,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.prepared = PreparedData(self._prepared_dir)
         m = self.prepared.manifest
         if m["splits"]["train"]["kept"] == 0 or m["splits"]["valid"]["kept"] == 0:
-            raise ValueError(f"{self._prepared_dir}: {m['splits']['train']['kept']} training and "
+            raise UserError(f"{self._prepared_dir}: {m['splits']['train']['kept']} training and "
                              f"{m['splits']['valid']['kept']} validation records; need both "
                              f"(data.valid_fraction={self.prep_kw['valid_fraction']})")
         self.aa_frequencies = torch.tensor(self.prepared.aa_frequencies(), dtype=torch.float64)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .split import SPLITS
+from ..errors import UserError
 
 MANIFEST = "manifest.json"
 
@@ -112,7 +113,7 @@ class PreparedData:
 
     def split(self, name: str) -> SplitShards:
         if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r} (expected one of {SPLITS})")
+            raise UserError(f"unknown split {name!r} (expected one of {SPLITS})")
         return SplitShards(self.root, self.manifest["splits"][name]["shards"])
 
     def aa_frequencies(self) -> np.ndarray:
