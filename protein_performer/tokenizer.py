@@ -6,7 +6,7 @@ the table below is append-only; ``VERSION`` changes if it ever has to change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -41,10 +41,13 @@ class Tokenizer:
     cls_id: int = 2
     eos_id: int = 3
     unk_id: int = 4
+    # the setting that controls ``unknown`` in the command at hand, named in error hints
+    # (``data.unknown`` for train / prepare_data / evaluate, ``unknown`` for embed)
+    unknown_key: str = field(default="data.unknown", compare=False)
 
     def __post_init__(self):
         if self.unknown not in ("error", "X", "unk"):
-            raise UserError(f"tokenizer.unknown must be 'error', 'X' or 'unk', got {self.unknown!r}")
+            raise UserError(f"{self.unknown_key} must be 'error', 'X' or 'unk', got {self.unknown!r}")
 
     # --- vocabulary -------------------------------------------------------------------
     @property
@@ -86,7 +89,7 @@ class Tokenizer:
                 pos = seq.index(ch) + 1
                 raise InvalidSequenceError(
                     f"{source}: record {record!r}: invalid residue {ch!r} at position {pos} "
-                    f"(set tokenizer.unknown=X to map unknown residues to X)"
+                    f"(set {self.unknown_key}=X to map unknown residues to X)"
                 )
         return seq
 
