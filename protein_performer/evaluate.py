@@ -24,7 +24,6 @@ training data (the Performer paper's "empirical baseline"), scored on the same p
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import math
@@ -35,8 +34,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from .objectives import IGNORE, mask_tokens, token_stats, unigram_baseline
+from .objectives import IGNORE, Scores, score_rows, scored_example
 from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .tokenizer import Tokenizer
@@ -58,35 +58,6 @@ def length_bucket(num_residues: int) -> str:
         if lo <= num_residues <= hi:
             return label
     raise UserError(f"invalid protein length {num_residues}")
-
-
-@dataclass
-class Sums:
-    """Token sums from which token-weighted figures are exact across batches and buckets."""
-    nll: float = 0.0
-    correct: int = 0
-    count: int = 0
-    base_nll: float = 0.0
-    base_correct: int = 0
-    sequences: int = 0
-
-    def add(self, other: "Sums") -> None:
-        for k in ("nll", "correct", "count", "base_nll", "base_correct", "sequences"):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-
-    def metrics(self, baseline: bool = True) -> dict:
-        """The figures of ``metrics.json``; None where nothing was scored (or no baseline)."""
-        n = self.count
-        out = {"perplexity": None, "accuracy": None, "loss": None, "num_tokens": int(n),
-               "num_sequences": int(self.sequences), "baseline_perplexity": None, "baseline_accuracy": None}
-        if n:
-            out["loss"] = self.nll / n
-            out["perplexity"] = math.exp(min(out["loss"], 700.0))
-            out["accuracy"] = self.correct / n
-            if baseline:
-                out["baseline_perplexity"] = math.exp(min(self.base_nll / n, 700.0))
-                out["baseline_accuracy"] = self.base_correct / n
-        return out
 
 
 @dataclass
@@ -137,27 +108,7 @@ def _as_proteins(sequences: Iterable, tokenizer: Tokenizer) -> list[Protein]:
     return out
 
 
-# --- what to score -----------------------------------------------------------------------
-def _sequence_generator(seed: int, tokens: np.ndarray) -> torch.Generator:
-    h = hashlib.sha256(f"protein-performer-eval:{int(seed)}:".encode() + np.asarray(tokens, np.uint8).tobytes())
-    return torch.Generator().manual_seed(int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1))
-
-
-def inputs_and_labels(tokens: np.ndarray, objective: str, tokenizer: Tokenizer, seed: int = 0,
-                      mask_prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
-    """One protein's model inputs and labels (IGNORE where not scored), reproducible from
-    (seed, the protein) alone."""
-    t = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
-    if objective == "mlm":
-        inputs, labels = mask_tokens(t[None], tokenizer, _sequence_generator(seed, tokens), mask_prob)
-        return inputs[0], labels[0]
-    if objective == "clm":
-        inputs, labels = t[:-1], t[1:].clone()
-        labels[labels < tokenizer.aa_offset] = IGNORE  # score residues only (not <eos>)
-        return inputs, labels
-    raise UserError(f"objective must be 'mlm' or 'clm', got {objective!r}")
-
-
+# --- what to score: objectives.scored_example, cut into windows for exact attention --------
 def window_spans(n: int, window: int, stride: int, causal: bool) -> list[tuple[int, int, int, int]]:
     """Split positions 0..n-1 into windows [start, end) of ``window`` positions, ``stride``
     apart (the last aligned to the end), each owning [own_start, own_end): every position is
@@ -216,14 +167,12 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
     dev = resolve_device(device)
     task = task.to(dev).eval()
     freqs = task.aa_frequencies
-    if freqs is not None:
-        freqs = freqs.to(dev).float()
     win, stride_used, why = _window_for(task, window, stride)
 
     pieces: list[Piece] = []
     windowed = 0
     for i, p in enumerate(proteins):
-        inputs, labels = inputs_and_labels(p.tokens, objective, tokenizer, seed, mask_prob)
+        inputs, labels = scored_example(p.tokens, objective, tokenizer, seed, mask_prob)
         n = len(inputs)
         if win is None or n <= win:
             pieces.append(Piece(i, inputs, labels))
@@ -234,7 +183,7 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
             lab[own_s - s:own_e - s] = labels[own_s:own_e]
             pieces.append(Piece(i, inputs[s:e], lab))
 
-    per_seq = [Sums(sequences=1) for _ in proteins]
+    per_seq = [Scores(sequences=1) for _ in proteins]
     total = sum(len(p.inputs) for p in pieces)
     bar = None
     if progress:
@@ -242,34 +191,21 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
         bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr)
     for idx in token_budget_batches([len(p.inputs) for p in pieces], max_tokens, batch_size):
         batch = [pieces[i] for i in idx]
-        width = max(len(p.inputs) for p in batch)
-        inputs = torch.full((len(batch), width), tokenizer.pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
-        for r, p in enumerate(batch):
-            inputs[r, :len(p.inputs)] = p.inputs
-            labels[r, :len(p.labels)] = p.labels
-        padding = torch.zeros_like(inputs, dtype=torch.bool)
-        for r, p in enumerate(batch):
-            padding[r, len(p.inputs):] = True
+        inputs = pad_sequence([p.inputs for p in batch], batch_first=True, padding_value=tokenizer.pad_id)
+        padding = inputs == tokenizer.pad_id
+        labels = pad_sequence([p.labels for p in batch], batch_first=True, padding_value=IGNORE)
         inputs, labels, padding = inputs.to(dev), labels.to(dev), padding.to(dev)
-        logits = task(inputs, padding if padding.any() else None)
+        rows = score_rows(task(inputs, padding if padding.any() else None), labels, freqs)
+        rows = {k: v.tolist() for k, v in rows.items()}
         for r, p in enumerate(batch):
-            s = token_stats(logits[r], labels[r])
-            acc = per_seq[p.seq]
-            acc.nll += float(s.nll)
-            acc.correct += int(s.correct)
-            acc.count += int(s.count)
-            if freqs is not None:
-                b = unigram_baseline(freqs, labels[r])
-                acc.base_nll += float(b.nll)
-                acc.base_correct += int(b.correct)
+            per_seq[p.seq].add({k: v[r] for k, v in rows.items()})
         if bar is not None:
             bar.update(sum(len(p.inputs) for p in batch))
     if bar is not None:
         bar.close()
 
-    overall = Sums()
-    buckets = {label: Sums() for label, _, _ in BUCKETS}
+    overall = Scores()
+    buckets = {label: Scores() for label, _, _ in BUCKETS}
     for p, s in zip(proteins, per_seq):
         overall.add(s)
         buckets[length_bucket(p.num_residues)].add(s)

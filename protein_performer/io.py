@@ -34,9 +34,19 @@ class Record:
 
     @property
     def accession(self) -> str:
-        """UniProt accession: ``sp|P12345|NAME`` -> ``P12345``; otherwise the id itself."""
-        parts = self.id.split("|")
-        return parts[1] if len(parts) >= 3 and parts[0] in ("sp", "tr") else self.id
+        return accession(self.id)
+
+
+def accession(record_id):
+    """UniProt accession of a record id (str or bytes): ``sp|P12345|NAME`` -> ``P12345``;
+    otherwise the id itself. Splits are drawn from it, so a protein keeps its split
+    whichever header style or file format it comes in."""
+    bar = "|" if isinstance(record_id, str) else b"|"
+    if record_id[:3] in ("sp|", "tr|", b"sp|", b"tr|"):
+        parts = record_id.split(bar, 2)
+        if len(parts) == 3:
+            return parts[1]
+    return record_id
 
 
 def open_text(path: str | Path):

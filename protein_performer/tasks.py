@@ -10,11 +10,12 @@ import math
 
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from pytorch_lightning.callbacks import Timer
 from torchmetrics import SumMetric
 
 from .model import PerformerLM
-from .objectives import IGNORE, token_stats, unigram_baseline
+from .objectives import IGNORE, SUMS, Scores, check_objective, score_rows
 from .tokenizer import VERSION, Tokenizer
 from .errors import UserError
 
@@ -24,16 +25,14 @@ class ProteinLM(pl.LightningModule):
                  betas: tuple[float, float] = (0.9, 0.98), warmup_steps: int = 200, min_lr_ratio: float = 0.1,
                  aa_frequencies: list[float] | None = None, tokenizer_version: int = VERSION):
         super().__init__()
-        if objective not in ("mlm", "clm"):
-            raise UserError(f"objective must be 'mlm' or 'clm', got {objective!r}")
+        check_objective(objective)
         if tokenizer_version != VERSION:
             raise UserError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
         self.save_hyperparameters()
         self.tokenizer = Tokenizer()
         self.model = PerformerLM(vocab_size=self.tokenizer.vocab_size, causal=objective == "clm", **dict(model))
         # float64 sums: token counts pass 2^24 long before TrEMBL-sized validation sets end
-        self.val_sums = torch.nn.ModuleDict({k: SumMetric().set_dtype(torch.float64)
-                                             for k in ("nll", "correct", "count", "base_nll", "base_correct")})
+        self.val_sums = torch.nn.ModuleDict({k: SumMetric().set_dtype(torch.float64) for k in SUMS})
 
     @property
     def aa_frequencies(self) -> torch.Tensor | None:
@@ -44,39 +43,35 @@ class ProteinLM(pl.LightningModule):
         return self.model(inputs, padding_mask, **kw)
 
     def training_step(self, batch, batch_idx):
-        s = token_stats(self(batch["inputs"], batch["padding_mask"]), batch["labels"])
-        loss = s.nll / s.count.clamp(min=1)
+        logits, labels = self(batch["inputs"], batch["padding_mask"]), batch["labels"]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+        scored = labels != IGNORE
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/perplexity", torch.exp(loss.detach()))
-        self.log("train/accuracy", s.correct / s.count.clamp(min=1))
-        self.log("train/tokens", s.count.float(), reduce_fx="sum")
+        self.log("train/accuracy", ((logits.argmax(-1) == labels) & scored).sum() / scored.sum().clamp(min=1))
+        self.log("train/tokens", scored.sum().float(), reduce_fx="sum")
         return loss
 
     def validation_step(self, batch, batch_idx):
-        # Scored positions are residues. clm trains on <eos> targets too, but validation, like
-        # evaluate.py, scores the model and the unigram baseline on the same residue positions.
-        labels = batch["labels"].masked_fill(batch["labels"] < self.tokenizer.aa_offset, IGNORE)
-        s = token_stats(self(batch["inputs"], batch["padding_mask"]), labels)
-        self.val_sums["nll"].update(s.nll)
-        self.val_sums["correct"].update(s.correct)
-        self.val_sums["count"].update(s.count)
-        if self.aa_frequencies is not None:
-            b = unigram_baseline(self.aa_frequencies.to(s.nll.device).float(), labels)
-            self.val_sums["base_nll"].update(b.nll)
-            self.val_sums["base_correct"].update(b.correct)
+        # the batch holds each protein as evaluate.py scores it (Collator with fixed_seed)
+        freqs = self.aa_frequencies
+        rows = score_rows(self(batch["inputs"], batch["padding_mask"]), batch["labels"], freqs)
+        for k, v in rows.items():
+            self.val_sums[k].update(v.sum())
 
     def on_validation_epoch_end(self):
-        sums = {k: m.compute() for k, m in self.val_sums.items()}
+        sums = {k: float(m.compute()) for k, m in self.val_sums.items()}
         for m in self.val_sums.values():
             m.reset()
-        count = sums["count"].clamp(min=1)
-        loss = sums["nll"] / count
-        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
-        self.log("val/perplexity", torch.exp(loss), prog_bar=True)
-        self.log("val/accuracy", sums["correct"] / count, prog_bar=True)
-        if self.aa_frequencies is not None:
-            self.log("val/baseline_perplexity", torch.exp(sums["base_nll"] / count))
-            self.log("val/baseline_accuracy", sums["base_correct"] / count)
+        baseline = self.aa_frequencies is not None
+        m = Scores(**sums).metrics(baseline)
+        if m["loss"] is None:
+            return
+        for k in ("loss", "perplexity", "accuracy"):
+            self.log(f"val/{k}", m[k], prog_bar=True)
+        if baseline:
+            self.log("val/baseline_perplexity", m["baseline_perplexity"])
+            self.log("val/baseline_accuracy", m["baseline_accuracy"])
 
     def configure_optimizers(self):
         hp = self.hparams

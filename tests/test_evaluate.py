@@ -12,9 +12,9 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from protein_performer.evaluate import (BUCKETS, evaluate, evaluate_model, inputs_and_labels, length_bucket,
+from protein_performer.evaluate import (BUCKETS, evaluate, evaluate_model, length_bucket,
                                         load_proteins, window_spans)
-from protein_performer.objectives import IGNORE
+from protein_performer.objectives import IGNORE, scored_example
 from protein_performer.tasks import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import STANDARD_AA, Tokenizer
 
@@ -98,7 +98,7 @@ def test_masked_metrics_by_hand_and_seed():
     m = evaluate_model(constant_model("mlm"), seqs, seed=3, progress=False)
     assert m["perplexity"] == pytest.approx(2.0, rel=1e-6) and m["accuracy"] == 1.0
     assert m["baseline_perplexity"] == pytest.approx(1 / 0.4, rel=1e-6) and m["baseline_accuracy"] == 1.0
-    expected = sum(int((inputs_and_labels(TOK.encode(s), "mlm", TOK, 3)[1] != IGNORE).sum()) for s in seqs)
+    expected = sum(int((scored_example(TOK.encode(s), "mlm", TOK, 3)[1] != IGNORE).sum()) for s in seqs)
     assert m["num_tokens"] == expected and 0.1 * 870 < expected < 0.2 * 870
     assert m["buckets"]["513-1024"]["num_sequences"] == 1
 
@@ -128,7 +128,12 @@ def test_longer_than_training_crop_is_scored_whole(objective):
     m = evaluate_model(task, [seq], seed=0, progress=False)
     assert m["evaluation"]["full_length"] and m["buckets"]["513-1024"]["num_sequences"] == 1
 
-    inputs, labels = inputs_and_labels(TOK.encode(seq), objective, TOK, 0)
+    ids = torch.from_numpy(TOK.encode(seq)).long()
+    if objective == "clm":  # by hand: predict residue t + 1 from <cls> and residues up to t; <eos> not scored
+        inputs, labels = ids[:-1], ids[1:].clone()
+        labels[-1] = IGNORE
+    else:
+        inputs, labels = scored_example(TOK.encode(seq), objective, TOK, 0)
     with torch.no_grad():
         logp = torch.log_softmax(task(inputs[None]).double()[0], -1)
     keep = labels != IGNORE

@@ -3,7 +3,7 @@ import math
 import torch
 
 from protein_performer.data.collate import Collator
-from protein_performer.objectives import IGNORE, clm_labels, mask_tokens, token_stats, unigram_baseline
+from protein_performer.objectives import IGNORE, Scores, clm_labels, mask_tokens, score_rows, scored_example
 from protein_performer.tokenizer import Tokenizer
 
 tok = Tokenizer()
@@ -50,29 +50,49 @@ def test_metrics_on_hand_made_batch():
     # vocab of 3; two scored positions and one ignored.
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [1 / 3, 1 / 3, 1 / 3]]]))
     labels = torch.tensor([[0, 2, IGNORE]])
-    s = token_stats(logits, labels)
+    rows = score_rows(logits, labels)
+    assert all(v.dtype == torch.float64 and v.shape == (1,) for v in rows.values())
     expected_nll = -(math.log(0.5) + math.log(0.1))
-    assert math.isclose(s.nll.item(), expected_nll, rel_tol=1e-6)
-    assert s.count.item() == 2 and s.correct.item() == 1
-    assert math.isclose(s.perplexity, math.exp(expected_nll / 2), rel_tol=1e-6)  # = sqrt(20)
-    assert math.isclose(s.perplexity, math.sqrt(20), rel_tol=1e-6)
-    assert s.accuracy == 0.5
+    assert math.isclose(rows["nll"].item(), expected_nll, rel_tol=1e-6)
+    assert rows["count"].item() == 2 and rows["correct"].item() == 1
+    m = Scores(sequences=1).add({k: v.item() for k, v in rows.items()}).metrics(baseline=False)
+    assert math.isclose(m["perplexity"], math.sqrt(20), rel_tol=1e-6)  # exp(nll / 2)
+    assert m["accuracy"] == 0.5 and m["num_tokens"] == 2 and m["baseline_perplexity"] is None
 
 
 def test_perplexity_is_token_weighted_across_batches():
-    a = token_stats(torch.log(torch.tensor([[[0.5, 0.5]]])), torch.tensor([[0]]))
-    b = token_stats(torch.log(torch.tensor([[[0.9, 0.1]] * 3])), torch.tensor([[0, 0, 0]]))
+    """exp of the summed NLL over all tokens, not exp of the mean of per-batch means."""
+    s = Scores()
+    s.add({k: v.sum().item() for k, v in score_rows(torch.log(torch.tensor([[[0.5, 0.5]]])), torch.tensor([[0]])).items()})
+    s.add({k: v.sum().item() for k, v in
+           score_rows(torch.log(torch.tensor([[[0.9, 0.1]] * 3])), torch.tensor([[0, 0, 0]])).items()})
     total = -(math.log(0.5) + 3 * math.log(0.9)) / 4
-    assert math.isclose(((a.nll + b.nll) / (a.count + b.count)).item(), total, rel_tol=1e-6)
+    assert math.isclose(s.metrics(False)["perplexity"], math.exp(total), rel_tol=1e-6)
+    assert not math.isclose(s.metrics(False)["perplexity"], math.exp((-math.log(0.5) - math.log(0.9)) / 2), rel_tol=1e-3)
+
+
+def test_sums_stay_exact_past_float32_precision():
+    # 2^25 + 1 scored tokens: a float32 count would round the + 1 away
+    s = Scores().add({"count": 2.0 ** 25}).add({"count": 1.0})
+    assert s.count == 2 ** 25 + 1
 
 
 def test_unigram_baseline_equals_entropy_against_frequencies():
-    freqs = torch.zeros(tok.vocab_size)
+    freqs = torch.zeros(tok.vocab_size, dtype=torch.float64)
     freqs[tok.standard_aa_ids[0]], freqs[tok.standard_aa_ids[1]] = 0.75, 0.25
     labels = torch.tensor([[tok.standard_aa_ids[0]] * 3 + [tok.standard_aa_ids[1]]])
-    b = unigram_baseline(freqs, labels)
-    assert math.isclose(b.loss, -(3 * math.log(0.75) + math.log(0.25)) / 4, rel_tol=1e-5)
-    assert b.accuracy == 0.75
+    rows = score_rows(torch.zeros(1, 4, tok.vocab_size), labels, freqs)
+    m = Scores().add({k: v.item() for k, v in rows.items()}).metrics()
+    assert math.isclose(m["baseline_perplexity"], math.exp(-(3 * math.log(0.75) + math.log(0.25)) / 4), rel_tol=1e-9)
+    assert m["baseline_accuracy"] == 0.75
+
+
+def test_clm_scores_residues_given_the_residues_before_them():
+    ids = tok.encode("MKV")  # <cls> M K V <eos>
+    inputs, labels = scored_example(ids, "clm", tok)
+    assert inputs.tolist() == [tok.cls_id, *tok.encode("MK", add_cls=False, add_eos=False).tolist()] + \
+        [int(tok.encode("V", add_cls=False, add_eos=False)[0])]
+    assert labels.tolist() == tok.encode("MKV", add_cls=False, add_eos=False).tolist() + [IGNORE]
 
 
 def test_collator_pads_and_fixed_seed_is_reproducible():

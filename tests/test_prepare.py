@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import xxhash
 
-from protein_performer.data.blocks import accession, iter_ranges, iter_text_blocks, split_codes, tokenize_block
+from protein_performer.data.blocks import iter_ranges, iter_text_blocks, tokenize_block
+from protein_performer.data.split import split_codes
+from protein_performer.io import accession
 from protein_performer.data.dedup import HashSet
 from protein_performer.data.prepare import prepare
 from protein_performer.data.shards import PreparedData

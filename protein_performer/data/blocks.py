@@ -22,9 +22,9 @@ from typing import Iterator
 import numpy as np
 import xxhash
 
-from ..io import ParseError
+from ..io import ParseError, accession
 from ..tokenizer import AMINO_ACIDS, Tokenizer
-from .split import SPLITS
+from .split import SPLITS, split_codes
 from ..errors import UserError
 
 # Bytes Python's str.split() treats as whitespace (latin-1), which is what
@@ -159,27 +159,6 @@ class BlockResult:
     newlines: int                 # newline count of the block
     nbytes: int                   # size of the block's text
     reasons: list = field(default_factory=list)  # up to MAX_REASONS (relative line, id, why)
-
-
-def accession(rid: bytes) -> bytes:
-    """:attr:`protein_performer.io.Record.accession` on bytes: ``sp|P12345|X`` -> ``P12345``."""
-    if rid[:3] in (b"sp|", b"tr|"):
-        parts = rid.split(b"|", 2)
-        if len(parts) == 3:
-            return parts[1]
-    return rid
-
-
-def split_codes(accessions: list[bytes], valid_fraction: float, test_fraction: float) -> np.ndarray:
-    """Split of each record (0 train, 1 valid, 2 test) from the xxh3-64 hash of its
-    accession: u = hash / 2^64; valid if u < valid_fraction, test if below
-    valid_fraction + test_fraction. Same accession, same split, on any machine."""
-    h = np.fromiter(map(xxhash.xxh3_64_intdigest, accessions), dtype=np.uint64, count=len(accessions))
-    u = h.astype(np.float64) / 2.0**64
-    codes = np.zeros(len(accessions), dtype=np.uint8)
-    codes[u < valid_fraction + test_fraction] = 2
-    codes[u < valid_fraction] = 1
-    return codes
 
 
 def _ws_class(newline: bool) -> bytes:

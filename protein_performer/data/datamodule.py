@@ -48,7 +48,7 @@ def tokenize_file(path: str | Path, tokenizer: Tokenizer, fmt: str | None = None
 
 
 class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
-    """Reads ``path`` once, splits by a hash of the record id, crops to ``max_len``
+    """Reads ``path`` once, splits by accession (:mod:`.split`, as prepared shards do), crops to ``max_len``
     (random window in training, first window in validation) and pads per batch.
 
     Training batches: ``batch_size`` proteins, or with ``max_tokens`` length-bucketed
@@ -63,14 +63,15 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
     """
 
     def __init__(self, path: str, format: str | None = None, objective: str = "mlm", max_len: int = 512,
-                 batch_size: int = 16, valid_fraction: float = 0.05, num_workers: int = 0, seed: int = 0,
+                 batch_size: int = 16, valid_fraction: float = 0.05, test_fraction: float = 0.0, num_workers: int = 0, seed: int = 0,
                  mask_prob: float = 0.15, unknown: str = "error", skip_invalid: bool = False,
                  max_records: int | None = None, max_tokens: int | None = None,
                  crop_schedule: list | None = None):
         super().__init__()
         self.path, self.format = Path(path), format
         self.objective, self.max_len, self.batch_size = objective, max_len, batch_size
-        self.valid_fraction, self.num_workers, self.seed = valid_fraction, num_workers, seed
+        self.valid_fraction, self.test_fraction = valid_fraction, test_fraction
+        self.num_workers, self.seed = num_workers, seed
         self.mask_prob, self.skip_invalid, self.max_records = mask_prob, skip_invalid, max_records
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"data.max_tokens must be positive or null, got {max_tokens}")
@@ -97,7 +98,9 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         train, valid = [], []
         for rec, ids in tokenize_file(self.path, self.tokenizer, self.format, self.max_records,
                                       self.skip_invalid, self.stats):
-            (valid if split_of(rec.id, self.valid_fraction) == "valid" else train).append(ids)
+            split = split_of(rec.id, self.valid_fraction, self.test_fraction)
+            if split != "test":  # held out from training and validation alike
+                (valid if split == "valid" else train).append(ids)
         if not train or not valid:
             raise UserError(f"{self.path}: split gave {len(train)} training and {len(valid)} validation records; "
                              f"need both (data.valid_fraction={self.valid_fraction})")
