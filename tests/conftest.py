@@ -1,6 +1,16 @@
 """Shared test helpers."""
+from pathlib import Path
+
 import pytest
 import pytorch_lightning as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    """The repository root (bundled data under ``root / "data"``, configs under ``root / "conf"``)."""
+    return ROOT
 
 
 def _fit_recording(model, dm, steps, tmp, ckpt=None, save_every=None):
