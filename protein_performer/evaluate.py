@@ -24,6 +24,7 @@ training data (the Performer paper's "empirical baseline"), scored on the same p
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
@@ -39,6 +40,7 @@ from torch.nn.utils.rnn import pad_sequence
 from .objectives import IGNORE, Scores, score_rows, scored_example
 from .data.sampler import token_budget_batches
 from .device import resolve_device
+from .inference import load_model, pad_batch, read_sequences, skipped_text
 from .tokenizer import Tokenizer
 from .errors import UserError
 
@@ -80,19 +82,16 @@ class Protein:
 
 # --- input ----------------------------------------------------------------------------
 def load_proteins(path: str | Path, fmt: str | None = None, max_records: int | None = None,
-                  unknown: str = "error", skip_invalid: bool = False) -> list[Protein]:
-    """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped). Bad records
-    raise an error naming the file, line and record (or are skipped and counted)."""
-    from .data.datamodule import tokenize_file
-    tokenizer = Tokenizer(unknown=unknown)
+                  unknown: str = "error", on_invalid: str = "error") -> list[Protein]:
+    """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped) under the one
+    invalid-record policy of :func:`protein_performer.inference.read_sequences`."""
     stats: dict = {}
-    proteins = [Protein(rec.id, ids) for rec, ids in
-                tokenize_file(path, tokenizer, fmt, max_records, skip_invalid, stats)]
-    skipped = {k: v for k, v in stats.items() if v}
-    if skipped:
-        log.warning("%s: skipped %s", path, skipped)
+    entries = read_sequences(path, fmt, unknown=unknown, on_invalid=on_invalid, stats=stats)
+    proteins = [Protein(e.id, e.tokens) for e in itertools.islice(entries, max_records)]
+    if any(stats.values()):
+        log.warning("%s: skipped %s", path, skipped_text(stats))
     if not proteins:
-        raise UserError(f"{path}: no protein records")
+        raise UserError(f"{path}: no protein records to evaluate (skipped: {skipped_text(stats)})")
     return proteins
 
 
@@ -191,11 +190,9 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
         bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr)
     for idx in token_budget_batches([len(p.inputs) for p in pieces], max_tokens, batch_size):
         batch = [pieces[i] for i in idx]
-        inputs = pad_sequence([p.inputs for p in batch], batch_first=True, padding_value=tokenizer.pad_id)
-        padding = inputs == tokenizer.pad_id
+        inputs, padding = pad_batch([p.inputs for p in batch], tokenizer.pad_id)
         labels = pad_sequence([p.labels for p in batch], batch_first=True, padding_value=IGNORE)
-        inputs, labels, padding = inputs.to(dev), labels.to(dev), padding.to(dev)
-        rows = score_rows(task(inputs, padding if padding.any() else None), labels, freqs)
+        rows = score_rows(task(inputs.to(dev), None if padding is None else padding.to(dev)), labels.to(dev), freqs)
         rows = {k: v.tolist() for k, v in rows.items()}
         for r, p in enumerate(batch):
             per_seq[p.seq].add({k: v[r] for k, v in rows.items()})
@@ -326,32 +323,22 @@ def _log_wandb(results: dict[str, dict], png: Path) -> None:
 
 def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str | Path, *,
              names: Sequence[str] | None = None, fmt: str | None = None, max_records: int | None = None,
-             unknown: str = "error", skip_invalid: bool = False, **kwargs) -> dict[str, dict]:
+             unknown: str = "error", on_invalid: str = "error", **kwargs) -> dict[str, dict]:
     """Evaluate one or several checkpoints on one file; write ``metrics.json``, ``metrics.csv``
     and ``metrics.png`` into ``output_dir``. With one checkpoint ``metrics.json`` holds its
     figures; with several it holds ``{"checkpoints": {name: figures}}`` and each also gets
     ``output_dir/<name>/metrics.json``. ``kwargs`` go to :func:`evaluate_model`."""
-    from .tasks import load_checkpoint
-
     paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(c) for c in ckpt]
     if not paths:
         raise UserError("ckpt: no checkpoint given")
     for p in paths:  # fail before the (slow) work on a missing file
-        if not Path(p).is_file():
+        if not Path(p).exists():
             raise FileNotFoundError(f"checkpoint {p}: no such file")
     labels = _unique_names(paths, names)
-    proteins = load_proteins(data_path, fmt, max_records, unknown, skip_invalid)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    proteins = load_proteins(data_path, fmt, max_records, unknown, on_invalid)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
-        try:
-            task = load_checkpoint(path)
-        except (FileNotFoundError, ValueError):
-            raise
-        except Exception as e:  # e.g. pickle.UnpicklingError for a file that is not a checkpoint
-            first = (str(e).strip().splitlines() or [""])[0]
-            raise UserError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
+        task = load_model(path).task
         m = evaluate_model(task, proteins, desc=name, **kwargs)
         m["checkpoint"] = path
         m["step"] = checkpoint_step(path)
@@ -359,6 +346,8 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
         results[name] = m
         log.info("%s: perplexity %.3f (baseline %s), accuracy %.4f on %d tokens", name, m["perplexity"],
                  m["baseline_perplexity"], m["accuracy"], m["num_tokens"])
+    out = Path(output_dir)  # written only once every checkpoint is scored
+    out.mkdir(parents=True, exist_ok=True)
     if len(results) == 1:
         (out / "metrics.json").write_text(json.dumps(next(iter(results.values())), indent=2))
     else:

@@ -12,7 +12,7 @@ def main(cfg: DictConfig) -> None:
     ckpt = OmegaConf.to_container(cfg.ckpt) if OmegaConf.is_list(cfg.ckpt) else cfg.ckpt
     results = evaluate(ckpt, cfg.data.path, cfg.output_dir, names=cfg.names, fmt=cfg.data.format,
                        max_records=cfg.data.max_records, unknown=cfg.data.unknown,
-                       skip_invalid=cfg.data.skip_invalid, seed=cfg.seed, mask_prob=cfg.mask_prob,
+                       on_invalid=cfg.data.on_invalid, seed=cfg.seed, mask_prob=cfg.mask_prob,
                        max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, window=cfg.window,
                        stride=cfg.stride, device=cfg.device, progress=cfg.progress)
     print(format_table(results))

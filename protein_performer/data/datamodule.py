@@ -2,6 +2,7 @@
 (the bundled sample, a proteome). TrEMBL-scale data goes through prepared shards."""
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from ..io import read_records
-from ..tokenizer import InvalidSequenceError, Tokenizer
+from ..inference import read_sequences, skipped_text
+from ..tokenizer import Tokenizer
 from .collate import Collator
 from .datasets import CropDataset
 from .sampler import TokenBudgetBatchSampler, check_crop_schedule
@@ -31,22 +32,6 @@ def amino_acid_frequencies(sequences, tokenizer: Tokenizer) -> torch.Tensor:
     return torch.tensor(counts / max(counts.sum(), 1), dtype=torch.float64)
 
 
-def tokenize_file(path: str | Path, tokenizer: Tokenizer, fmt: str | None = None, max_records: int | None = None,
-                  skip_invalid: bool = False, stats: dict | None = None):
-    """Yield (record, uint8 tokens). Invalid records raise (file, record, line) or, with
-    ``skip_invalid``, are counted in ``stats['invalid']``."""
-    stats = stats if stats is not None else {}
-    for n, rec in enumerate(read_records(path, fmt, skip_empty=skip_invalid, stats=stats)):
-        if max_records is not None and n >= max_records:
-            break
-        try:
-            yield rec, tokenizer.encode(rec.sequence, source=f"{path}:{rec.line}", record=rec.id)
-        except InvalidSequenceError:
-            if not skip_invalid:
-                raise
-            stats["invalid"] = stats.get("invalid", 0) + 1
-
-
 class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
     """Reads ``path`` once, splits by accession (:mod:`.split`, as prepared shards do), crops to ``max_len``
     (random window in training, first window in validation) and pads per batch.
@@ -64,7 +49,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
 
     def __init__(self, path: str, format: str | None = None, objective: str = "mlm", max_len: int = 512,
                  batch_size: int = 16, valid_fraction: float = 0.05, test_fraction: float = 0.0, num_workers: int = 0, seed: int = 0,
-                 mask_prob: float = 0.15, unknown: str = "error", skip_invalid: bool = False,
+                 mask_prob: float = 0.15, unknown: str = "error", on_invalid: str = "error",
                  max_records: int | None = None, max_tokens: int | None = None,
                  crop_schedule: list | None = None):
         super().__init__()
@@ -72,7 +57,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.objective, self.max_len, self.batch_size = objective, max_len, batch_size
         self.valid_fraction, self.test_fraction = valid_fraction, test_fraction
         self.num_workers, self.seed = num_workers, seed
-        self.mask_prob, self.skip_invalid, self.max_records = mask_prob, skip_invalid, max_records
+        self.mask_prob, self.on_invalid, self.max_records = mask_prob, on_invalid, max_records
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"data.max_tokens must be positive or null, got {max_tokens}")
         schedule = check_crop_schedule(crop_schedule)
@@ -96,8 +81,10 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         if self.train_seqs is not None:
             return
         train, valid = [], []
-        for rec, ids in tokenize_file(self.path, self.tokenizer, self.format, self.max_records,
-                                      self.skip_invalid, self.stats):
+        records = read_sequences(self.path, self.format, tokenizer=self.tokenizer, on_invalid=self.on_invalid,
+                                 stats=self.stats)
+        for rec in itertools.islice(records, self.max_records):
+            ids = rec.tokens
             split = split_of(rec.id, self.valid_fraction, self.test_fraction)
             if split != "test":  # held out from training and validation alike
                 (valid if split == "valid" else train).append(ids)
@@ -105,9 +92,8 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
             raise UserError(f"{self.path}: split gave {len(train)} training and {len(valid)} validation records; "
                              f"need both (data.valid_fraction={self.valid_fraction})")
         self.train_seqs, self.valid_seqs = train, valid
-        skipped = {k: v for k, v in self.stats.items() if v}
-        log.info("%s: %d train / %d valid records%s", self.path, len(train), len(valid),
-                 f", skipped {skipped}" if skipped else "")
+        log.info("%s: %d train / %d valid records; skipped: %s", self.path, len(train), len(valid),
+                 skipped_text(self.stats))
         self.aa_frequencies = amino_acid_frequencies(train, self.tokenizer)
 
     def train_dataloader(self) -> DataLoader:
