@@ -119,8 +119,12 @@ def download(url: str, dest: str | Path, *, md5: str | None = None, metalink: st
         if failures > retries:
             if bar is not None:
                 bar.close()
-            raise DownloadError(f"{url}: gave up after {failures} failed attempts ({err}); "
-                                f"{part} is kept and the next run resumes it")
+            have = part.stat().st_size if part.exists() else 0
+            if part.exists() and not have:
+                part.unlink()
+            kept = f"; {part} keeps {have:,} bytes and the next run resumes it" if have else ""
+            raise DownloadError(f"{url}: gave up after {failures} failed attempts to download it to {dest} "
+                                f"({' '.join(str(err).split())}){kept}")
         log.warning("%s: %s; resuming from byte %d (attempt %d/%d)", url, err,
                     part.stat().st_size if part.exists() else 0, failures, retries)
         time.sleep(backoff * failures)

@@ -12,11 +12,13 @@ committed shards' hashes, and produces byte-identical shards. Results are cached
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import time
 from collections import deque
 from pathlib import Path
@@ -61,6 +63,32 @@ def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(digest + "\n")
     return digest
+
+
+def check_source(path: Path, key: str | None = None) -> None:
+    """Open ``path`` and look at its first bytes before anything is written for it, so a
+    directory, an empty file or a binary file is a one-line error naming it (``key=path``
+    when a setting gave the path) instead of an empty preparation."""
+    name = f"{key}={path}" if key else str(path)
+    if path.is_dir():
+        raise UserError(f"{name}: is a directory, not a FASTA or UniProt file")
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if not head:
+        raise UserError(f"{name}: is empty")
+    if head[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(1 << 16)
+        except (OSError, EOFError, ValueError):  # truncated or corrupt: the reader reports where
+            return
+        if not head:
+            raise UserError(f"{name}: is empty (a gzip file holding no text)")
+    control = sum(head.count(bytes([c])) for c in range(32) if c not in b"\t\n\v\f\r")
+    if b"\0" in head or control > len(head) // 100:
+        raise UserError(f"{name}: is a binary file, not FASTA or UniProt text")
 
 
 def _params(fmt, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part) -> dict:
@@ -141,16 +169,18 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
             format: str | None = None, valid_fraction: float = 0.01, test_fraction: float = 0.01,
             unknown: str = "error", on_invalid: str = "skip", dedup: bool = True, workers: int | None = None,
             block_size: int = 16 << 20, blocks_per_part: int = 64, max_parts: int | None = None,
-            progress: bool = True) -> Path:
+            progress: bool = True, need: tuple[str, ...] = ()) -> Path:
     """Prepare ``source`` once; return the prepared folder (reused if already done).
 
     ``on_invalid='skip'`` counts and reports records with invalid residues or no
     sequence; ``'error'`` stops at the first with its file, line and record.
     ``max_parts`` stops after that many parts (a later call continues).
+    ``need``: splits that must receive records (training needs ``("train", "valid")``).
+    A file with no usable record, or none for a needed split, is an error and leaves no
+    prepared folder; so does any failure before the first part is committed.
     """
     source = Path(source)
-    if not source.is_file():
-        raise FileNotFoundError(f"{source}: no such file")
+    check_source(source)
     if on_invalid not in ("skip", "error"):
         raise UserError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
     if not (valid_fraction >= 0 and test_fraction >= 0 and valid_fraction + test_fraction < 1):
@@ -162,13 +192,47 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
     out = Path(out_dir) if out_dir is not None else prepared_dir_for(source, sha, params, data_dir)
     if (out / MANIFEST).is_file():
         log.info("%s: already prepared in %s", source, out)
+        check_splits(source, json.loads((out / MANIFEST).read_text()), need, valid_fraction)
         return out
+    lock = out.with_name(out.name + ".lock")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):  # DDP ranks / parallel jobs: one prepares
-        if (out / MANIFEST).is_file():
-            return out
-        return _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup,
-                        workers, block_size, blocks_per_part, max_parts, progress)
+    try:
+        with file_lock(lock):  # DDP ranks / parallel jobs: one prepares
+            if (out / MANIFEST).is_file():
+                return out
+            return _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid,
+                            dedup, workers, block_size, blocks_per_part, max_parts, progress, need)
+    except BaseException:
+        if created and not _part_path(out, 0).is_file():  # nothing committed to resume from
+            _discard(out)
+        raise
+
+
+def check_splits(source: Path, counts: dict, need: tuple[str, ...], valid_fraction: float) -> None:
+    """One-line error when ``counts`` (a manifest, or the same shape) hold no usable record,
+    or none in a split of ``need``."""
+    if counts["kept"] == 0:
+        first = f"; first invalid: {counts['invalid_examples'][0]}" if counts.get("invalid_examples") else ""
+        raise UserError(f"{source}: no usable protein records ({counts['records_read']:,} read, "
+                        f"{counts['invalid']:,} invalid, {counts['duplicates']:,} duplicates){first}")
+    kept = {s: counts["splits"][s]["kept"] for s in SPLITS}
+    if any(kept[s] == 0 for s in need):
+        raise UserError(f"{source}: {kept['train']:,} records went to train and {kept['valid']:,} to valid; "
+                        f"training needs both: change data.valid_fraction (now {valid_fraction}) or use a "
+                        f"larger file")
+
+
+def _discard(out: Path) -> None:
+    """Remove a preparation's own files (and then its folder and lock, if nothing else is left)."""
+    for name in ("parts", *SPLITS):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("params.json", MANIFEST):
+        (out / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()
+        out.with_name(out.name + ".lock").unlink(missing_ok=True)
+        out.parent.rmdir()  # the cache's prepared/ folder, when this was its only entry
 
 
 @contextlib.contextmanager
@@ -185,7 +249,7 @@ def file_lock(path: Path):
 
 
 def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup, workers,
-             block_size, blocks_per_part, max_parts, progress) -> Path:
+             block_size, blocks_per_part, max_parts, progress, need) -> Path:
     (out / "parts").mkdir(parents=True, exist_ok=True)
     info_path = out / "params.json"
     info = {"source_sha256": sha, "params": params}
@@ -254,6 +318,11 @@ def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unkno
         log.info("%s: stopped after %d parts (max_parts); call again to continue", out, part)
         return out
     manifest = _manifest(state, source, sha, fmt, gz, params, time.perf_counter() - t0)
+    try:
+        check_splits(source, manifest, need, valid_fraction)
+    except UserError:
+        _discard(out)  # complete but unusable for these settings: no folder to mistake for data
+        raise
     write_json(out / MANIFEST, manifest)
     c = manifest
     msg = (f"prepared {source}: read {c['records_read']:,} records, kept {c['kept']:,}, "

@@ -12,6 +12,7 @@ the checkpoint; a resumed run skips exactly those.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from .collate import Collator
 from .concat import ConcatWindows
 from .datasets import CropDataset
 from .download import download as fetch
-from .prepare import default_data_dir, file_lock, prepare
+from .prepare import check_splits, default_data_dir, file_lock, prepare
 from .sampler import TokenBudgetBatchSampler
 from .shards import PreparedData, SplitShards
 from ..errors import UserError
@@ -84,13 +85,15 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
                  max_tokens: int = 16384, objective: str = "mlm", mask_prob: float = 0.15,
                  valid_fraction: float = 0.01, test_fraction: float = 0.01, unknown: str = "error",
                  on_invalid: str = "skip", dedup: bool = True, prepare_workers: int | None = None,
-                 num_workers: int = 0, seed: int = 0, pool_size: int | None = None, progress: bool = True):
+                 num_workers: int = 0, seed: int = 0, pool_size: int | None = None, progress: bool = True,
+                 download_retries: int = 5, download_backoff: float = 1.0):
         super().__init__()
         if mode not in ("crop", "concat"):
             raise UserError(f"data.mode must be 'crop' or 'concat', got {mode!r}")
         if (path is None) == (url is None):
             raise UserError("give exactly one of data.path (a local FASTA/.dat file) and data.url")
         self.path, self.url, self.download, self.metalink, self.md5 = path, url, download, metalink, md5
+        self.download_retries, self.download_backoff = download_retries, download_backoff
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
         self.format, self.mode, self.max_len, self.window = format, mode, max_len, window
         self.max_tokens, self.objective, self.mask_prob = max_tokens, objective, mask_prob
@@ -107,6 +110,8 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
     def source_file(self) -> Path:
         if self.path is not None:
             p = Path(self.path).expanduser()
+            if p.is_dir():
+                raise UserError(f"data.path={self.path}: is a directory, not a FASTA or UniProt file")
             if not p.is_file():
                 raise FileNotFoundError(f"data.path={self.path}: no such file")
             return p
@@ -116,11 +121,21 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         if not self.download:
             raise FileNotFoundError(f"{dest} is not downloaded yet: set data.download=true to fetch {self.url}, "
                                     f"or put the file there yourself")
-        with file_lock(dest.with_name(dest.name + ".lock")):
-            return fetch(self.url, dest, md5=self.md5, metalink=self.metalink, progress=self.prep_kw["progress"])
+        lock = dest.with_name(dest.name + ".lock")
+        try:
+            with file_lock(lock):
+                return fetch(self.url, dest, md5=self.md5, metalink=self.metalink, progress=self.prep_kw["progress"],
+                             retries=self.download_retries, backoff=self.download_backoff)
+        except BaseException:
+            if not dest.with_name(dest.name + ".part").exists():  # nothing to resume: leave nothing behind
+                lock.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    dest.parent.rmdir()
+            raise
 
     def prepare_data(self) -> None:
-        self._prepared_dir = prepare(self.source_file(), data_dir=self.data_dir, format=self.format, **self.prep_kw)
+        self._prepared_dir = prepare(self.source_file(), data_dir=self.data_dir, format=self.format,
+                                     need=("train", "valid"), **self.prep_kw)
 
     def setup(self, stage: str | None = None) -> None:
         if self.prepared is not None:
@@ -129,10 +144,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
             self.prepare_data()
         self.prepared = PreparedData(self._prepared_dir)
         m = self.prepared.manifest
-        if m["splits"]["train"]["kept"] == 0 or m["splits"]["valid"]["kept"] == 0:
-            raise UserError(f"{self._prepared_dir}: {m['splits']['train']['kept']} training and "
-                             f"{m['splits']['valid']['kept']} validation records; need both "
-                             f"(data.valid_fraction={self.prep_kw['valid_fraction']})")
+        check_splits(m["source"]["path"], m, ("train", "valid"), self.prep_kw["valid_fraction"])
         self.aa_frequencies = torch.tensor(self.prepared.aa_frequencies(), dtype=torch.float64)
         log.info("prepared data %s: %s", self._prepared_dir,
                  ", ".join(f"{s} {m['splits'][s]['kept']:,}" for s in ("train", "valid", "test")))
