@@ -18,7 +18,7 @@ amino-acid composition of the generated residues with the training set's
 (``hparams.aa_frequencies`` of the checkpoint).
 
     from protein_performer.generate import generate, load_generator
-    model, task = load_generator("model.ckpt")
+    model, loaded = load_generator("model.ckpt")
     samples = generate(model, num_samples=8, max_length=200, top_p=0.9, seed=0)
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 
 from .device import resolve_device
+from .inference import load_model
 from .errors import UserError
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
 
@@ -343,19 +344,15 @@ def format_report(report: dict, summary: dict) -> str:
 
 # --- checkpoint + end-to-end ------------------------------------------------------------------
 def load_generator(ckpt: str, device="cpu"):
-    """Load a causal checkpoint: (PerformerLM in eval mode, ProteinLM task). One-line errors
-    for a missing/unreadable file and for a non-causal (mlm) checkpoint."""
-    from .tasks import load_checkpoint
+    """Load a causal model: (PerformerLM in eval mode, its LoadedModel). One-line errors for
+    a missing/unreadable file and for a non-causal (mlm) model."""
     if not ckpt:
         raise GenerationError("no checkpoint given: pass ckpt=PATH")
-    try:
-        task = load_checkpoint(str(ckpt), map_location=device)
-    except (FileNotFoundError, ValueError) as e:  # load_checkpoint's messages are already one line
-        raise GenerationError(str(e)) from e
-    if task.hparams.objective != "clm" or not task.model.causal:
-        raise GenerationError(f"checkpoint {ckpt}: trained with objective={task.hparams.objective}; "
+    loaded = load_model(str(ckpt), device=device)
+    if loaded.objective != "clm" or not loaded.causal:
+        raise GenerationError(f"checkpoint {ckpt}: trained with objective={loaded.objective}; "
                               "generation needs a causal model (objective=clm)")
-    return task.model.eval(), task
+    return loaded.net, loaded
 
 
 def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, min_length: int = 0,
@@ -372,8 +369,8 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
         dev = resolve_device(device)
     except ValueError as e:
         raise GenerationError(str(e)) from e
-    model, task = load_generator(ckpt, device=dev)
-    tokenizer = task.tokenizer
+    model, loaded = load_generator(ckpt, device=dev)
+    tokenizer = loaded.tokenizer
     prompt = "".join(str(prompt).split()).upper() if prompt else ""
     encode_prompt(prompt, tokenizer)  # validate before any work
     samples = generate(model, num_samples=num_samples, max_length=max_length, min_length=min_length,
@@ -383,7 +380,8 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
                     min_length=min_length, max_length=max_length, prompt=prompt or None, seed=seed,
                     batch_size=batch_size or num_samples)
     write_fasta(output, samples, settings)
-    report = composition_report(samples, task.hparams.get("aa_frequencies"), tokenizer)
+    freqs = loaded.aa_frequencies
+    report = composition_report(samples, None if freqs is None else freqs.tolist(), tokenizer)
     summary = likelihood_summary(samples)
     payload = {"settings": {**settings, "ckpt": str(ckpt), "num_samples": num_samples, "device": str(dev)},
                "summary": summary, "composition": report,

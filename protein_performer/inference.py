@@ -57,6 +57,16 @@ class LoadedModel:
     def causal(self) -> bool:
         return bool(getattr(self.net, "causal", False))
 
+    @property
+    def objective(self) -> str:
+        """'clm' for a causal model, else 'mlm' (what the model was trained to predict)."""
+        return self.task.hparams.objective if self.task is not None else ("clm" if self.causal else "mlm")
+
+    @property
+    def aa_frequencies(self) -> torch.Tensor | None:
+        """The training amino-acid frequencies (float64 over the vocabulary), if recorded."""
+        return self.task.aa_frequencies if self.task is not None else None
+
 
 def load_model(model: Any, device: str = "cpu") -> LoadedModel:
     """A checkpoint path, a ``ProteinLM`` or a ``PerformerLM`` -> :class:`LoadedModel`.

@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 from Bio import SeqIO
 
+from protein_performer.errors import UserError
 from protein_performer.generate import (GenerationError, composition, composition_report, filter_logits,
                                         generate, likelihood_summary, load_generator, run, sample_next)
 from protein_performer.tasks import ProteinLM
@@ -302,10 +303,10 @@ def test_likelihood_summary_is_token_weighted():
 
 # --- bad input: one-line errors ---------------------------------------------------------------------------
 def test_errors(clm_ckpt, tmp_path):
-    with pytest.raises(GenerationError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="missing.ckpt: no such file"):
         load_generator(str(tmp_path / "missing.ckpt"))
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(GenerationError, match="cannot load"):
+    with pytest.raises(UserError, match="junk.ckpt: cannot load"):
         load_generator(str(tmp_path / "junk.ckpt"))
     mlm = save(make_task("softmax", objective="mlm"), tmp_path / "mlm.ckpt")
     with pytest.raises(GenerationError, match="objective=mlm.*objective=clm"):
