@@ -9,54 +9,48 @@ padding mask, where SDPA's flash kernel keeps memory linear in length.
 Layers are numbered as ESM numbers them: 0 is the token embedding, ``depth`` the last
 block after the final layer norm; negative indices count from the end (-1 = ``depth``).
 Pooling runs over residues only (``<cls>`` and ``<eos>`` excluded), except ``cls``,
-which is the ``<cls>`` (BOS) position.
+which is the ``<cls>`` (BOS) position, refused for causal models (there it has seen
+nothing but itself, so every protein would get the same vector).
 
-The module itself is callable, so ``protein_performer.embed(ckpt, sequences)`` works
-as a notebook one-liner (it calls :func:`embed`).
+Files (:func:`embed_file`) are written only after the whole input has been read and
+checked, and record what defines them (checkpoint weights, input file, layers, pooling,
+precision, ...): a rerun resumes only when all of it matches. Each finished batch is
+saved at once (a kill loses at most one batch) and the final file is assembled in input
+order, the same whether or not the run was interrupted.
 """
 from __future__ import annotations
 
 import contextlib
-import csv
-import gzip
-import hashlib
+import json
 import logging
 import os
 import shutil
 import sys
 import time
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from .io import ParseError, read_records
 from .data.sampler import token_budget_batches
-from .device import resolve_device
-from .tokenizer import InvalidSequenceError, Tokenizer
 from .errors import UserError
+from .inference import (LoadedModel, file_sha256, is_csv, load_model, pad_batch, read_sequences, sequence_id,
+                        skipped_text, weights_sha256)
+from .io import detect_format
+from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+__all__ = ["embed_sequences", "embed_file", "sequence_id", "Embedder"]
 
 POOLINGS = ("mean", "cls", "max")
 #: ESM's key for each pooling in ``<id>.pt`` files
 PT_KEYS = {"mean": "mean_representations", "cls": "bos_representations", "max": "max_representations"}
-CSV_SUFFIXES = (".csv", ".tsv")
-#: messages printed per kind of skipped record before only counting
-MAX_MESSAGES = 5
 
 
-# --- small helpers -------------------------------------------------------------------
-def sequence_id(sequence: str) -> str:
-    """Stable id for a sequence without a name (CSV files with only a ``seq`` column):
-    the probe computes the same id to find the sequence's embedding."""
-    seq = "".join(sequence.split()).upper()
-    return "seq_" + hashlib.sha1(seq.encode()).hexdigest()[:16]
-
-
+# --- settings ----------------------------------------------------------------------------
 def safe_name(record_id: str) -> str:
     """Id -> HDF5 member / file name: '%' and '/' percent-escaped, '.' and '..' too."""
     name = record_id.replace("%", "%25").replace("/", "%2F")
@@ -72,7 +66,7 @@ def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
         a = int(layer) + depth + 1 if int(layer) < 0 else int(layer)
         if not 0 <= a <= depth:
             raise UserError(f"layer {layer} does not exist: the model has layers 0..{depth} "
-                             f"(0 = embedding, {depth} = last block) or -{depth + 1}..-1")
+                            f"(0 = embedding, {depth} = last block) or -{depth + 1}..-1")
         if a not in out:
             out.append(a)
     return out
@@ -97,29 +91,6 @@ def _dtype(precision: str | int) -> torch.dtype:
 
 
 # --- the model side ------------------------------------------------------------------
-def load_model(model: Any, device: str = "cpu"):
-    """A checkpoint path, a ProteinLM or a PerformerLM -> (PerformerLM in eval mode,
-    tokenizer, attention kernel name or None)."""
-    kernel = None
-    if isinstance(model, (str, Path)):
-        from .tasks import load_checkpoint
-        model = load_checkpoint(str(model), map_location="cpu")
-    if hasattr(model, "model") and hasattr(model, "tokenizer"):  # ProteinLM
-        hp = dict(getattr(model, "hparams", {}) or {})
-        kernel = ((hp.get("model") or {}).get("attention") or {}).get("kernel")
-        tokenizer, net = model.tokenizer, model.model
-    else:
-        tokenizer, net = Tokenizer(), model
-    if kernel is None:  # a bare PerformerLM: ask its attention layers
-        for m in net.modules():
-            k = getattr(m, "kernel", None)
-            if isinstance(k, str):
-                kernel = k
-                break
-    net = net.to(resolve_device(device)).eval()
-    return net, tokenizer, kernel
-
-
 @dataclass
 class Embedder:
     """Runs the model on batches of token arrays and pools the chosen layers.
@@ -148,21 +119,27 @@ class Embedder:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
+    def batches(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+        """Token-budget batches, longest first; long proteins alone (``long_alone``)."""
+        out = []
+        for batch in token_budget_batches(lengths, max_tokens):
+            if self.long_alone is not None and len(batch) > 1 and lengths[batch[0]] > self.long_alone:
+                out += [[i] for i in batch]
+            else:
+                out.append(batch)
+        return out
+
     @torch.inference_mode()
-    def _forward(self, batch: list[np.ndarray], pad_id: int) -> list[dict]:
+    def forward(self, batch: list[np.ndarray], pad_id: int) -> list[dict]:
+        """One batch -> per protein ``{"pooled": {pooling: {layer: (D,)}}, "per_residue": {layer: (L, D)}}``."""
         lengths = [len(t) for t in batch]
-        L = max(lengths)
-        tokens = torch.full((len(batch), L), pad_id, dtype=torch.long)
-        for i, t in enumerate(batch):
-            tokens[i, : len(t)] = torch.from_numpy(np.asarray(t, dtype=np.int64))
+        tokens, padding_mask = pad_batch(batch, pad_id)
         tokens = tokens.to(self.device)
-        padding_mask = tokens == pad_id
-        if not padding_mask.any():
-            padding_mask = None
+        padding_mask = None if padding_mask is None else padding_mask.to(self.device)
         with self._autocast():
             _, hidden = self.model(tokens, padding_mask, return_layers=True)
         n = torch.tensor(lengths, device=self.device)
-        pos = torch.arange(L, device=self.device)
+        pos = torch.arange(tokens.shape[1], device=self.device)
         residue = (pos[None, :] >= 1) & (pos[None, :] < (n - 1)[:, None])  # (B, L)
         count = residue.sum(1, keepdim=True).clamp(min=1).float()
         out = [dict(pooled={p: {} for p in self.pooling}, per_residue={}) for _ in batch]
@@ -184,141 +161,25 @@ class Embedder:
                     out[i]["per_residue"][layer] = hc[i, 1: length - 1].copy()
         return out
 
-    def embed_tokens(self, tokens: list[np.ndarray], token_budget: int, pad_id: int) -> Iterator[tuple[int, dict]]:
-        """Yield (index into ``tokens``, result) in batch order (longest first)."""
-        lengths = [len(t) for t in tokens]
-        for batch in token_budget_batches(lengths, token_budget):
-            if self.long_alone is not None and len(batch) > 1 and lengths[batch[0]] > self.long_alone:
-                groups = [[i] for i in batch]
-            else:
-                groups = [batch]
-            for g in groups:
-                for i, r in zip(g, self._forward([tokens[i] for i in g], pad_id)):
-                    yield i, r
+
+def build_embedder(loaded: LoadedModel, layers, pooling, per_residue: bool, precision, long_alone) -> Embedder:
+    pooling = resolve_pooling(pooling)
+    if "cls" in pooling and loaded.causal:
+        raise UserError(f"pooling=cls: {loaded.source} is a causal (clm) model, whose first token sees only "
+                        f"itself, so every protein would get the same vector; use mean or max")
+    return Embedder(loaded.net, resolve_layers(layers, loaded.net.depth), pooling, per_residue, precision,
+                    loaded.kernel, long_alone)
 
 
-# --- reading inputs ------------------------------------------------------------------
-
-def build_embedder(model: Any, device: str, unknown: str, layers, pooling, per_residue: bool, precision,
-                   long_alone: int | None):
-    """Load the model and set up an :class:`Embedder` -> (embedder, tokenizer, kernel)."""
-    net, tokenizer, kernel = load_model(model, device)
-    if unknown != "error":
-        tokenizer = Tokenizer(unknown=unknown)
-    emb = Embedder(net, resolve_layers(layers, net.depth), resolve_pooling(pooling), per_residue, precision,
-                   kernel, long_alone)
-    return emb, tokenizer, kernel
-
-@dataclass
-class Item:
-    id: str
-    sequence: str
-    source: str  # "file:line" for messages
-
-
-def _read_csv(path: str | Path) -> Iterator[Item]:
-    """Rows of a CSV/TSV with a ``seq`` (or ``sequence``) column and optionally ``id``;
-    without ids, :func:`sequence_id` names each sequence."""
-    opener = gzip.open if open(path, "rb").read(2) == b"\x1f\x8b" else open
-    delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
-    with opener(path, "rt", newline="") as fh:
-        reader = csv.reader(fh, delimiter=delim)
-        header = [h.strip().lower() for h in next(reader, [])]
-        seq_col = next((header.index(c) for c in ("seq", "sequence") if c in header), None)
-        if seq_col is None:
-            raise ParseError(f"{path}:1: CSV header {header} has no 'seq' or 'sequence' column")
-        id_col = header.index("id") if "id" in header else None
-        for n, row in enumerate(reader, 2):
-            if not row:
-                continue
-            if len(row) <= max(seq_col, id_col or 0):
-                raise ParseError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
-            seq = row[seq_col]
-            yield Item(row[id_col] if id_col is not None else sequence_id(seq), seq, f"{path}:{n}")
-
-
-def read_inputs(source: Any, fmt: str | None = None, stats: dict | None = None) -> Iterator[Item]:
-    """Items from a FASTA / UniProt .dat / CSV path, a dict id -> sequence, or a list of
-    sequences or (id, sequence) pairs. Empty records are counted in ``stats['empty']``."""
-    if isinstance(source, (str, Path)):
-        name = str(source).lower().removesuffix(".gz")
-        if fmt == "csv" or (fmt is None and name.endswith(CSV_SUFFIXES)):
-            yield from _read_csv(source)
-            return
-        for rec in read_records(source, fmt, skip_empty=True, stats=stats):
-            yield Item(rec.id, rec.sequence, f"{source}:{rec.line}")
-        return
-    if isinstance(source, dict):
-        source = list(source.items())
-    for n, s in enumerate(source):
-        if isinstance(s, str):
-            yield Item(str(n), s, f"<sequences>[{n}]")
-        else:
-            rid, seq = s
-            yield Item(str(rid), seq, f"<sequences>[{n}]")
-
-
-@dataclass
-class Skips:
-    """Counts (and the first few messages) of records not embedded."""
-
-    counts: dict = field(default_factory=lambda: {"duplicate": 0, "invalid": 0, "empty": 0, "already_done": 0})
-    shown: dict = field(default_factory=dict)
-
-    def add(self, kind: str, message: str | None = None):
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        if message and self.shown.get(kind, 0) < MAX_MESSAGES:
-            self.shown[kind] = self.shown.get(kind, 0) + 1
-            log.warning("skipped (%s): %s", kind, message)
-
-
-def _tokenized(items: Iterable[Item], tokenizer: Tokenizer, skips: Skips, done: set, on_invalid: str
-               ) -> Iterator[tuple[Item, np.ndarray]]:
-    seen: dict[str, str] = {}
-    for it in items:
-        if it.id in seen:
-            skips.add("duplicate", f"{it.source}: record {it.id!r} repeats the id first seen at {seen[it.id]}")
-            continue
-        seen[it.id] = it.source
-        if it.id in done:
-            skips.add("already_done")
-            continue
-        if not "".join(it.sequence.split()).rstrip("*"):
-            skips.add("empty", f"{it.source}: record {it.id!r} has an empty sequence")
-            continue
-        try:
-            tokens = tokenizer.encode(it.sequence, source=it.source, record=it.id)
-        except InvalidSequenceError as e:
-            if on_invalid == "error":
-                raise
-            skips.add("invalid", str(e))
-            continue
-        yield it, tokens
-
-
-def _windows(it: Iterable, size: int) -> Iterator[list]:
-    buf = []
-    for x in it:
-        buf.append(x)
-        if len(buf) >= size:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
-
-
-def _progress(enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(unit="res", unit_scale=True, desc="embedding", dynamic_ncols=True, file=sys.stderr)
+def _tokenizer(unknown: str) -> Tokenizer:
+    return Tokenizer(unknown=unknown, unknown_key="unknown")
 
 
 # --- the notebook API ----------------------------------------------------------------
-def embed(model: Any, sequences: Any, *, layers: int | Sequence[int] = -1, pooling: str | Sequence[str] = "mean",
-          per_residue: bool = False, token_budget: int = 16384, device: str = "cpu", precision: str = "32",
-          unknown: str = "error", on_invalid: str = "error", long_alone: int | None = None,
-          progress: bool = False) -> dict:
+def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] = -1,
+                    pooling: str | Sequence[str] = "mean", per_residue: bool = False, max_tokens: int = 16384,
+                    device: str = "cpu", precision: str = "32", unknown: str = "error", on_invalid: str = "error",
+                    long_alone: int | None = None) -> dict:
     """Embed sequences and return numpy arrays, laid out like the HDF5 file:
 
     ``{"ids": [...], "mean": (N, D) float32, "per_residue": {id: (L, D)}, "skipped": {...}}``
@@ -326,76 +187,114 @@ def embed(model: Any, sequences: Any, *, layers: int | Sequence[int] = -1, pooli
     ``model``: checkpoint path, ProteinLM or PerformerLM. ``sequences``: a FASTA / .dat /
     CSV path, a dict id -> sequence, or a list of sequences or (id, sequence) pairs.
     With several ``layers`` each pooled entry (and each per-residue entry) becomes a dict
-    keyed by absolute layer number. Rows follow input order; duplicates (by id) and, with
-    ``on_invalid="skip"``, invalid sequences are left out and counted in ``skipped``.
+    keyed by absolute layer number. Rows follow input order; skipped records (the policy
+    of :mod:`protein_performer.inference`) are counted in ``skipped``. Nothing left to
+    embed is an error.
     """
-    emb, tokenizer, _ = build_embedder(model, device, unknown, layers, pooling, per_residue, precision,
-                                            long_alone)
-    net, layers, pooling = emb.model, emb.layers, emb.pooling
-    skips = Skips()
+    loaded = load_model(model, device)
+    emb = build_embedder(loaded, layers, pooling, per_residue, precision, long_alone)
     stats: dict = {}
-    pairs = list(_tokenized(read_inputs(sequences, stats=stats), tokenizer, skips, set(), on_invalid))
-    skips.counts["empty"] += stats.get("empty", 0)
-    results: list[dict | None] = [None] * len(pairs)
-    bar = _progress(progress)
-    for i, r in emb.embed_tokens([t for _, t in pairs], token_budget, tokenizer.pad_id):
-        results[i] = r
-        if bar is not None:
-            bar.update(len(pairs[i][1]) - 2)
-    if bar is not None:
-        bar.close()
-    single = len(layers) == 1
-    D = net.embed.embedding_dim
-    out: dict = {"ids": [it.id for it, _ in pairs], "layers": layers, "skipped": dict(skips.counts)}
-    for p in pooling:
-        arrs = {layer: (np.stack([r["pooled"][p][layer] for r in results]) if results
-                        else np.zeros((0, D), np.float32)) for layer in layers}
-        out[p] = arrs[layers[0]] if single else arrs
+    entries = list(read_sequences(sequences, tokenizer=_tokenizer(unknown), on_invalid=on_invalid, stats=stats))
+    if not entries:
+        raise UserError(f"nothing to embed: no valid sequences (skipped: {skipped_text(stats)})")
+    results: list[dict] = [{}] * len(entries)
+    for batch in emb.batches([len(e.tokens) for e in entries], max_tokens):
+        for k, r in zip(batch, emb.forward([entries[k].tokens for k in batch], loaded.tokenizer.pad_id)):
+            results[k] = r
+    single = len(emb.layers) == 1
+    out: dict = {"ids": [e.id for e in entries], "layers": emb.layers, "skipped": dict(stats)}
+    for p in emb.pooling:
+        arrs = {layer: np.stack([r["pooled"][p][layer] for r in results]) for layer in emb.layers}
+        out[p] = arrs[emb.layers[0]] if single else arrs
     if per_residue:
-        out["per_residue"] = {it.id: (r["per_residue"][layers[0]] if single else r["per_residue"])
-                              for (it, _), r in zip(pairs, results)}
+        out["per_residue"] = {e.id: (r["per_residue"][emb.layers[0]] if single else r["per_residue"])
+                              for e, r in zip(entries, results)}
     return out
 
 
-# --- files: HDF5 and ESM-style <id>.pt ------------------------------------------------
-class H5Writer:
-    """Writes the HDF5 layout external checks rely on, atomically and resumably.
+# --- what defines an output file ----------------------------------------------------------
+#: identity keys and how a refusal names them
+IDENTITY = {"checkpoint_sha256": "checkpoint (weights sha256)", "input_sha256": "input (file sha256)",
+            "format": "format", "unknown": "unknown", "layers": "layers", "pooling": "pooling",
+            "per_residue": "per_residue", "precision": "precision", "dim": "dim"}
+
+
+def _plain(v):
+    """HDF5 / JSON attribute -> comparable Python value."""
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, bytes):
+        return v.decode()
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def differences(old: dict, new: dict) -> str:
+    """'' when ``old`` (what a file records) matches ``new``, else what differs, on one line."""
+    def show(key, v):
+        if v is None:
+            return "none recorded"
+        return f"{v[:12]}..." if key.endswith("sha256") else str(v)
+
+    out = []
+    for key, name in IDENTITY.items():
+        a, b = _plain(old.get(key)), _plain(new[key])
+        if a != b:
+            out.append(f"{name} {show(key, a)} (now {show(key, b)})")
+    return "; ".join(out)
+
+
+def _refuse(what: str, diff: str, path: Path):
+    raise UserError(f"{what} was written with a different {diff}: write to a new output path, "
+                    f"or pass overwrite=true to replace {path}")
+
+
+class H5Output:
+    """Writes the HDF5 layout external checks rely on, resumably.
 
     ``ids`` (strings, input order), ``<pooling>`` (N x D float32) — or
     ``<pooling>/<layer>`` when several layers — and ``per_residue/<id>`` (L x D) —
     ``per_residue/<layer>/<id>`` with several layers; ids are escaped by
-    :func:`safe_name` in member names. All writing goes to ``OUT.partial``, which
-    replaces ``OUT`` only when the run finishes; an interrupted run's ``.partial`` (or a
-    finished ``OUT``) is picked up and its ids skipped.
+    :func:`safe_name` in member names. Attributes: the identity (:data:`IDENTITY`) plus
+    ``checkpoint``, ``input``, ``kernel`` and ``complete``.
+
+    Each finished batch goes to ``OUT.partial/batch-NNNNNNN.npz`` (written under a
+    temporary name and renamed, so a batch file that exists is whole), keyed by the
+    record's position among the input's valid records. :meth:`finish` assembles ``OUT``
+    from them in input order and removes ``OUT.partial``.
     """
 
-    def __init__(self, path: str | Path, layers: list[int], pooling: list[str], per_residue: bool, dim: int,
-                 meta: dict):
-        import h5py
+    def __init__(self, path: str | Path, identity: dict, attrs: dict, overwrite: bool):
         self.path = Path(path)
-        self.partial = self.path.with_name(self.path.name + ".partial")
-        self.layers, self.pooling, self.per_residue, self.dim = layers, pooling, per_residue, dim
-        self.config = {"layers": list(layers), "pooling": list(pooling), "per_residue": bool(per_residue),
-                       "dim": int(dim)}
-        self.resumed_from = None
-        if self.partial.exists():
-            try:
-                self.f = h5py.File(self.partial, "a")
-                self.resumed_from = self.partial
-            except OSError as e:
-                log.warning("%s: unreadable leftover of an interrupted run (%s); starting again", self.partial, e)
-                self.partial.unlink()
-        if self.resumed_from is None and self.path.exists():
-            shutil.copyfile(self.path, self.partial)
-            self.f = h5py.File(self.partial, "a")
-            self.resumed_from = self.path
-        if self.resumed_from is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.f = h5py.File(self.partial, "w")
-            self._create(meta)
-        else:
-            self._check(meta)
-        self.done = set(self._ids())
+        self.journal = self.path.with_name(self.path.name + ".partial")
+        self.identity, self.attrs = identity, attrs
+        self.layers, self.pooling = identity["layers"], identity["pooling"]
+        self.done: set[int] = set()
+        self.complete = False
+        check_output_path(self.path)
+        if self.path.exists() and not overwrite:
+            diff = differences(read_h5_identity(self.path), identity)
+            if diff:
+                _refuse(str(self.path), diff, self.path)
+            self.complete = True  # the same embeddings: nothing to do
+            return
+        if self.journal.exists():
+            info = self.journal / "identity.json"
+            old = json.loads(info.read_text()) if self.journal.is_dir() and info.is_file() else {}
+            diff = differences(old, identity)
+            if overwrite or diff:
+                if not overwrite:
+                    _refuse(f"{self.journal} (left by an interrupted run)", diff, self.journal)
+                shutil.rmtree(self.journal) if self.journal.is_dir() else self.journal.unlink()
+            else:
+                for f in self._batch_files():
+                    with np.load(f) as z:
+                        self.done.update(int(i) for i in z["index"])
+        self.n_files = len(self._batch_files())
+
+    def _batch_files(self) -> list[Path]:
+        return sorted(self.journal.glob("batch-*.npz")) if self.journal.is_dir() else []
 
     def _key(self, pooling: str, layer: int) -> str:
         return pooling if len(self.layers) == 1 else f"{pooling}/{layer}"
@@ -403,83 +302,101 @@ class H5Writer:
     def _res_key(self, layer: int, rid: str) -> str:
         return f"per_residue/{safe_name(rid)}" if len(self.layers) == 1 else f"per_residue/{layer}/{safe_name(rid)}"
 
-    def _create(self, meta: dict):
+    def write_batch(self, index: list[int], results: list[dict]):
+        """Save one finished batch (``index``: positions among the valid records)."""
+        if not self.journal.exists():
+            self.journal.mkdir(parents=True)
+            (self.journal / "identity.json").write_text(json.dumps(self.identity))
+        arrays = {"index": np.asarray(index, dtype=np.int64)}
+        for p in self.pooling:
+            for layer in self.layers:
+                arrays[f"pooled|{p}|{layer}"] = np.stack([r["pooled"][p][layer] for r in results])
+        if self.identity["per_residue"]:
+            for j, r in enumerate(results):
+                for layer in self.layers:
+                    arrays[f"res|{layer}|{j}"] = r["per_residue"][layer].astype(np.float32)
+        path = self.journal / f"batch-{self.n_files:07d}.npz"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+        self.n_files += 1
+        self.done.update(index)
+
+    def finish(self, ids: list[str]):
+        """Assemble ``OUT`` in input order from the saved batches, then drop ``OUT.partial``."""
         import h5py
-        self.f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(1024,))
-        for p in self.pooling:
-            for layer in self.layers:
-                self.f.create_dataset(self._key(p, layer), shape=(0, self.dim), maxshape=(None, self.dim),
-                                      dtype="float32", chunks=(256, self.dim))
-        if self.per_residue:
-            self.f.require_group("per_residue")
-        for k, v in {**self.config, **meta}.items():
-            self.f.attrs[k] = v if v is not None else ""
-
-    def _check(self, meta: dict):
-        for k, v in self.config.items():
-            old = self.f.attrs.get(k)
-            old = list(old) if isinstance(old, np.ndarray) else old
-            if old is not None and (list(old) if isinstance(v, list) else type(v)(old)) != v:
-                raise UserError(f"{self.resumed_from}: written with {k}={old}, now asked {k}={v}; "
-                                 f"choose another output file to embed with different settings")
-        # rows may be fewer than ids if a crash hit between resizes: keep the consistent prefix
-        n = min([self.f["ids"].shape[0]] + [self.f[self._key(p, layer)].shape[0]
-                                            for p in self.pooling for layer in self.layers])
-        for name in ["ids"] + [self._key(p, layer) for p in self.pooling for layer in self.layers]:
-            self.f[name].resize(n, axis=0)
-        if self.per_residue:  # drop per-residue entries whose row was never written
-            keep = {safe_name(i) for i in self._ids()}
-            groups = [self.f["per_residue"]] if len(self.layers) == 1 else \
-                [self.f.require_group(f"per_residue/{layer}") for layer in self.layers]
-            for g in groups:
-                for name in [k for k in g.keys() if k not in keep]:
-                    del g[name]
-
-    def _ids(self) -> list[str]:
-        return [x.decode() if isinstance(x, bytes) else x for x in self.f["ids"][:]]
-
-    def write_per_residue(self, rid: str, result: dict):
-        if not self.per_residue:
+        if self.complete:
             return
-        for layer in self.layers:
-            key = self._res_key(layer, rid)
-            if key in self.f:
-                del self.f[key]
-            self.f.create_dataset(key, data=result["per_residue"][layer].astype(np.float32))
-
-    def append_rows(self, rows: list[tuple[str, dict]]):
-        """Pooled rows in input order; ids last, so a crash leaves no id without a row."""
-        rows = [(rid, r) for rid, r in rows if rid not in self.done]
-        if not rows:
-            return
-        n = self.f["ids"].shape[0]
-        for p in self.pooling:
-            for layer in self.layers:
-                ds = self.f[self._key(p, layer)]
-                ds.resize(n + len(rows), axis=0)
-                ds[n:] = np.stack([r["pooled"][p][layer] for _, r in rows])
-        self.f["ids"].resize(n + len(rows), axis=0)
-        self.f["ids"][n:] = [rid for rid, _ in rows]
-        self.done.update(rid for rid, _ in rows)
-        self.f.flush()
-
-    def close(self, complete: bool = True):
-        self.f.attrs["complete"] = bool(complete)
-        self.f.close()
-        if complete:
-            os.replace(self.partial, self.path)
+        n, dim = len(ids), self.identity["dim"]
+        tmp = self.journal / "assembled.h5"
+        written = np.zeros(n, dtype=bool)
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+            sets = {(p, layer): f.create_dataset(self._key(p, layer), shape=(n, dim), dtype="float32")
+                    for p in self.pooling for layer in self.layers}
+            for path in self._batch_files():
+                with np.load(path) as z:
+                    index = z["index"]
+                    order = np.argsort(index)
+                    for (p, layer), ds in sets.items():
+                        ds[index[order]] = z[f"pooled|{p}|{layer}"][order]
+                    if self.identity["per_residue"]:
+                        for j, i in enumerate(index):
+                            for layer in self.layers:
+                                f.create_dataset(self._res_key(layer, ids[i]), data=z[f"res|{layer}|{j}"])
+                written[index] = True
+            if not written.all():
+                raise RuntimeError(f"{self.journal}: {int((~written).sum())} records were never embedded")
+            for k, v in {**self.identity, **self.attrs, "complete": True}.items():
+                f.attrs[k] = v
+        os.replace(tmp, self.path)
+        shutil.rmtree(self.journal)
 
 
-class PtWriter:
+def check_output_path(path: Path):
+    """Refuse an output that is a directory or an existing file that is not HDF5."""
+    if path.is_dir():
+        raise UserError(f"output {path}: is a directory; give a file name such as {path / 'embeddings.h5'}")
+    if path.exists():
+        read_h5_identity(path)
+
+
+def read_h5_identity(path: Path) -> dict:
+    import h5py
+    try:
+        with h5py.File(path, "r") as f:
+            return dict(f.attrs)
+    except OSError:
+        raise UserError(f"output {path}: exists and is not an HDF5 file; refusing to replace it "
+                        f"(choose another output path)") from None
+
+
+class PtOutput:
     """ESM-compatible directory: one ``<id>.pt`` per protein holding ``label``,
     ``mean_representations`` / ``bos_representations`` / ``max_representations`` and,
     with per-residue output, ``representations``, each keyed by absolute layer number.
-    Each file is written to a temporary name and renamed, so a file that exists is whole."""
+    Each file is written to a temporary name and renamed, so a file that exists is whole.
+    ``embed_settings.json`` records the identity; files of another identity are refused
+    (``overwrite``: they are deleted first)."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, identity: dict, overwrite: bool):
         self.dir = Path(directory)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise UserError(f"pt_dir {self.dir}: exists and is not a directory")
+        info = self.dir / "embed_settings.json"
+        existing = list(self.dir.glob("*.pt")) if self.dir.is_dir() else []
+        if existing or info.is_file():
+            diff = differences(json.loads(info.read_text()) if info.is_file() else {}, identity)
+            if diff and not overwrite:
+                _refuse(f"pt_dir {self.dir}", diff, self.dir)
+            if overwrite:
+                for p in existing:
+                    p.unlink()
+                existing = []
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.done = {p.stem for p in self.dir.glob("*.pt")}  # escaped names
+        info.write_text(json.dumps(identity))
+        self.done = {p.stem for p in existing}  # escaped names
 
     def has(self, rid: str) -> bool:
         return safe_name(rid) in self.done
@@ -497,83 +414,105 @@ class PtWriter:
         self.done.add(safe_name(rid))
 
 
+# --- the command ------------------------------------------------------------------------
+def _windows(it: Iterable, size: int) -> Iterator[list]:
+    buf = []
+    for x in it:
+        buf.append(x)
+        if len(buf) >= size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
 def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, pt_dir: str | Path | None = None, *,
                format: str | None = None, layers: int | Sequence[int] = -1, pooling: str | Sequence[str] = "mean",
-               per_residue: bool = False, token_budget: int = 16384, device: str = "cpu", precision: str = "32",
+               per_residue: bool = False, max_tokens: int = 16384, device: str = "cpu", precision: str = "32",
                unknown: str = "error", on_invalid: str = "skip", long_alone: int | None = None,
-               sort_window: int = 20000, progress: bool = True) -> dict:
+               sort_window: int = 20000, overwrite: bool = False, progress: bool = True) -> dict:
     """Embed every record of ``input`` into ``output`` (HDF5) and/or ``pt_dir``.
 
-    Records are read as a stream and sorted by length in windows of ``sort_window``
-    records, so rows keep input order without holding the whole file. Returns counts:
-    embedded, residues, seconds, residues_per_s and the skipped kinds.
+    The input is read twice: once to check every record (and count the work), then as a
+    stream sorted by length in windows of ``sort_window`` records. Batches are the same
+    in a resumed run as in a clean one, so their numbers are too. Returns counts:
+    embedded, residues, seconds, residues_per_s, already_done and the skipped kinds.
     """
     if output is None and pt_dir is None:
         raise UserError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
-    if on_invalid not in ("skip", "error"):
-        raise UserError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
-    emb, tokenizer, kernel = build_embedder(ckpt, device, unknown, layers, pooling, per_residue, precision,
-                                            long_alone)
-    net, layers, pooling = emb.model, emb.layers, emb.pooling
-    meta = {"checkpoint": str(ckpt) if isinstance(ckpt, (str, Path)) else type(ckpt).__name__,
-            "input": str(input), "kernel": kernel or "", "precision": str(precision)}
-    h5 = H5Writer(output, layers, pooling, per_residue, net.embed.embedding_dim, meta) if output else None
-    pt = PtWriter(pt_dir) if pt_dir else None
-    if h5 is not None and h5.resumed_from is not None:
-        log.info("resuming %s: %d ids already embedded", h5.resumed_from, len(h5.done))
-    skips, stats = Skips(), {}
-    items = read_inputs(input, format, stats)
+    if output is not None:
+        check_output_path(Path(output))
+    loaded = load_model(ckpt, device)
+    emb = build_embedder(loaded, layers, pooling, per_residue, precision, long_alone)
+    tokenizer, pad_id = _tokenizer(unknown), loaded.tokenizer.pad_id
 
-    def is_done(rid: str) -> bool:
-        return (h5 is None or rid in h5.done) and (pt is None or pt.has(rid))
+    # pass 1: every record checked before any output exists
+    stats: dict = {}
+    ids, lengths = [], []
+    for e in read_sequences(input, format, tokenizer=tokenizer, on_invalid=on_invalid, stats=stats):
+        ids.append(e.id)
+        lengths.append(len(e.tokens))
+    if not ids:
+        raise UserError(f"{input}: no sequences to embed (skipped: {skipped_text(stats)})")
+    fmt = format or ("tsv" if str(input).lower().removesuffix(".gz").endswith(".tsv") else "csv"
+                     if is_csv(input) else detect_format(input))
+    identity = {"checkpoint_sha256": weights_sha256(loaded.net), "input_sha256": file_sha256(input), "format": fmt,
+                "unknown": unknown, "layers": emb.layers, "pooling": emb.pooling, "per_residue": bool(per_residue),
+                "precision": str(emb.dtype).removeprefix("torch."), "dim": int(loaded.net.embed.embedding_dim)}
+    attrs = {"checkpoint": loaded.source, "input": str(input), "kernel": loaded.kernel or ""}
+    h5 = H5Output(output, identity, attrs, overwrite) if output is not None else None
+    pt = PtOutput(pt_dir, identity, overwrite) if pt_dir is not None else None
 
-    class _Done:  # membership test used by _tokenized without building a set of escaped ids
-        def __contains__(self, rid):
-            return is_done(rid)
+    def done(i: int) -> bool:
+        return (h5 is None or h5.complete or i in h5.done) and (pt is None or pt.has(ids[i]))
 
-    bar = _progress(progress)
+    # batches: windows of the whole input (done records included), so they never depend on a resume
+    plan = []
+    for start in range(0, len(ids), sort_window):
+        window = lengths[start:start + sort_window]
+        plan.append([[start + k for k in b] for b in emb.batches(window, max_tokens)])
+    todo = {i for window in plan for b in window if not all(done(i) for i in b) for i in b}
+    already = len(ids) - len(todo)
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=sum(lengths[i] - 2 for i in todo), unit="res", unit_scale=True, desc="embedding",
+                   dynamic_ncols=True, file=sys.stderr)
+    if h5 is not None and h5.done:
+        log.info("resuming %s: %d of %d proteins already embedded", h5.journal, len(h5.done), len(ids))
     n_done = residues = 0
     t0 = time.perf_counter()
-    complete = False
     try:
-        for window in _windows(_tokenized(items, tokenizer, skips, _Done(), on_invalid), sort_window):
-            results: list[dict | None] = [None] * len(window)
-            for i, r in emb.embed_tokens([t for _, t in window], token_budget, tokenizer.pad_id):
-                rid = window[i][0].id
-                results[i] = r
-                if h5 is not None and rid not in h5.done:
-                    h5.write_per_residue(rid, r)
-                if pt is not None and not pt.has(rid):
-                    pt.write(rid, r)
-                n_res = len(window[i][1]) - 2
-                residues += n_res
-                n_done += 1
-                if bar is not None:
-                    bar.update(n_res)
-            if h5 is not None:
-                h5.append_rows([(it.id, r) for (it, _), r in zip(window, results)])
-        complete = True
+        if todo:  # pass 2
+            entries = read_sequences(input, format, tokenizer=tokenizer, on_invalid=on_invalid, warn=False)
+            for batches, window in zip(plan, _windows(enumerate(entries), sort_window)):
+                for batch in batches:
+                    if not any(i in todo for i in batch):
+                        continue
+                    start = window[0][0]
+                    toks = [window[i - start][1].tokens for i in batch]
+                    if any(window[i - start][1].id != ids[i] for i in batch):
+                        raise UserError(f"{input}: the file changed while it was being embedded")
+                    results = emb.forward(toks, pad_id)
+                    if h5 is not None and not h5.complete:
+                        h5.write_batch(batch, results)
+                    for i, r in zip(batch, results):
+                        if pt is not None and not pt.has(ids[i]):
+                            pt.write(ids[i], r)
+                    n_res = sum(lengths[i] - 2 for i in batch)
+                    residues += n_res
+                    n_done += len(batch)
+                    if bar is not None:
+                        bar.update(n_res)
+        if h5 is not None:
+            h5.finish(ids)
     finally:
         if bar is not None:
             bar.close()
-        if h5 is not None:
-            h5.close(complete)
-    skips.counts["empty"] += stats.get("empty", 0)
     secs = time.perf_counter() - t0
     summary = {"embedded": n_done, "residues": residues, "seconds": round(secs, 3),
-               "residues_per_s": round(residues / secs, 1) if secs > 0 else None, **skips.counts}
-    log.info("embedded %d proteins (%d residues) in %.1f s, %.0f residues/s; skipped: %s",
-             n_done, residues, secs, residues / max(secs, 1e-9),
-             ", ".join(f"{v} {k}" for k, v in skips.counts.items()) or "none")
+               "residues_per_s": round(residues / secs, 1) if secs > 0 and residues else None,
+               "already_done": already, **{k: stats[k] for k in ("duplicate", "invalid", "empty")}}
+    log.info("embedded %d proteins (%d residues) in %.1f s; %d already done; skipped: %s",
+             n_done, residues, secs, already, skipped_text(stats))
     return summary
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``protein_performer.embed(...)`` call :func:`embed` although ``embed`` is
-    also this module's name (importing a submodule rebinds the package attribute)."""
-
-    def __call__(self, *args, **kwargs):
-        return embed(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -3,7 +3,7 @@
     nice python scripts/benchmark_embed.py [--ckpt PATH] [--lengths 256 1024 4096 8192 16384]
 
 Each (model, length) runs in a fresh process so that its peak RSS is its own: one
-protein of L residues, embedded through ``protein_performer.embed`` (mean of the last
+protein of L residues, embedded through ``protein_performer.embed_sequences`` (mean of the last
 layer), one warm-up and ``--repeats`` timed runs; the median is reported. A second table
 embeds real proteins from the bundled sample in token-budget batches (the usual use).
 Models: the default config (conf/model/performer.yaml, FAVOR+) and, for comparison, the
@@ -73,7 +73,7 @@ def child(args) -> None:
     times = []
     for i in range(args.repeats + 1):
         t = time.perf_counter()
-        E.embed(model, seqs, token_budget=args.token_budget)
+        E.embed_sequences(model, seqs, max_tokens=args.token_budget)
         if i:  # the first run is a warm-up
             times.append(time.perf_counter() - t)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

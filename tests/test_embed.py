@@ -15,6 +15,9 @@ import torch
 
 import protein_performer
 from protein_performer import embed as E
+from protein_performer.inference import sequence_id
+from protein_performer.data.sampler import token_budget_batches
+from protein_performer.inference import load_model
 from protein_performer.io import read_fasta
 from protein_performer.tasks import ProteinLM
 
@@ -60,12 +63,12 @@ def test_alone_equals_batched(kernel, records):
     model = tiny(kernel)
     seqs = dict(records[:8])  # 8 proteins of very different lengths -> much padding
     kw = dict(layers=[0, 1, -1], pooling=["mean", "cls", "max"], per_residue=True, long_alone=10**9)
-    batched = E.embed(model, seqs, **kw)
+    batched = E.embed_sequences(model, seqs, **kw)
     assert batched["ids"] == list(seqs)
     lengths = sorted(len(s) for s in seqs.values())
     assert lengths[0] * 3 < lengths[-1]
     for i, (rid, seq) in enumerate(seqs.items()):
-        alone = E.embed(model, {rid: seq}, **kw)
+        alone = E.embed_sequences(model, {rid: seq}, **kw)
         for layer in (0, 1, 2):
             for p in ("mean", "cls", "max"):
                 np.testing.assert_allclose(batched[p][layer][i], alone[p][layer][0], atol=1e-5, rtol=1e-5)
@@ -77,8 +80,8 @@ def test_batch_partners_do_not_matter(records):
     """The same protein batched with short, then with long partners (different padding)."""
     model = tiny("softmax")
     target = records[3]
-    a = E.embed(model, [target] + records[:2], per_residue=True)
-    b = E.embed(model, [target] + records[8:12], per_residue=True)
+    a = E.embed_sequences(model, [target] + records[:2], per_residue=True)
+    b = E.embed_sequences(model, [target] + records[8:12], per_residue=True)
     np.testing.assert_allclose(a["mean"][0], b["mean"][0], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(a["per_residue"][target[0]], b["per_residue"][target[0]], atol=1e-5, rtol=1e-5)
 
@@ -87,8 +90,8 @@ def test_batch_partners_do_not_matter(records):
 def test_pooling_matches_direct_computation(kernel, records):
     model = tiny(kernel)
     seqs = dict(records[:5])
-    out = E.embed(model, seqs, layers=[0, -1], pooling=["mean", "cls", "max"], per_residue=True,
-                  token_budget=4096)
+    out = E.embed_sequences(model, seqs, layers=[0, -1], pooling=["mean", "cls", "max"], per_residue=True,
+                  max_tokens=4096)
     for i, (rid, seq) in enumerate(seqs.items()):
         for layer in (0, 2):
             ref = reference(model, seq, layer)
@@ -101,8 +104,8 @@ def test_pooling_matches_direct_computation(kernel, records):
 def test_exact_long_proteins_run_alone_and_agree(records):
     model = tiny("exact")
     seqs = dict(records[:6])
-    together = E.embed(model, seqs, long_alone=10**9)
-    alone_path = E.embed(model, seqs, long_alone=50)  # everything above 50 tokens runs unpadded
+    together = E.embed_sequences(model, seqs, long_alone=10**9)
+    alone_path = E.embed_sequences(model, seqs, long_alone=50)  # everything above 50 tokens runs unpadded
     np.testing.assert_allclose(together["mean"], alone_path["mean"], atol=1e-5, rtol=1e-5)
     emb = E.Embedder(model.model, [2], ["mean"], kernel="exact")
     assert emb.long_alone == 1024
@@ -111,11 +114,11 @@ def test_exact_long_proteins_run_alone_and_agree(records):
 
 def test_token_budget_batches_hand_example():
     lengths = [5, 100, 30, 30, 8, 60]
-    batches = E.token_budget_batches(lengths, 120)
+    batches = token_budget_batches(lengths, 120)
     # longest first: [100] alone (100*2 > 120), then 60 (60*2=120 ok with 30), 30 (60*3>120)...
     assert batches == [[1], [5, 2], [3, 4, 0]]
     assert sorted(i for b in batches for i in b) == list(range(6))
-    assert E.token_budget_batches([500, 3], 100) == [[0], [1]]  # over-budget protein on its own
+    assert token_budget_batches([500, 3], 100) == [[0], [1]]  # over-budget protein on its own
 
 
 def test_layers_and_options():
@@ -129,18 +132,20 @@ def test_layers_and_options():
         E._dtype("8")
 
 
-def test_package_level_callable(records):
-    import importlib
+def test_package_level_function_and_cheap_import(records):
     model = tiny()
-    out = protein_performer.embed(model, [records[0][1]])  # module imported, still callable
+    out = protein_performer.embed_sequences(model, [records[0][1]])
     assert out["mean"].shape == (1, 32) and out["mean"].dtype == np.float32
-    assert importlib.import_module("protein_performer.embed") is protein_performer.embed
+    np.testing.assert_allclose(out["mean"][0], reference(model, records[0][1], 2)["mean"], atol=1e-5, rtol=1e-5)
+    r = subprocess.run([sys.executable, "-c", "import sys, protein_performer; print('torch' in sys.modules)"],
+                       capture_output=True, text=True)
+    assert r.stdout.strip() == "False"
 
 
 def test_bf16_close_to_fp32(records):
     model = tiny()
-    a = E.embed(model, records[:3])["mean"]
-    b = E.embed(model, records[:3], precision="bf16")["mean"]
+    a = E.embed_sequences(model, records[:3])["mean"]
+    b = E.embed_sequences(model, records[:3], precision="bf16")["mean"]
     assert b.dtype == np.float32
     assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
 
@@ -150,7 +155,7 @@ def test_h5_and_pt_layout(ckpt, records, tmp_path):
     out, pt = tmp_path / "e.h5", tmp_path / "pt"
     s = E.embed_file(ckpt, FASTA, out, pt, layers=[-1], pooling=["mean", "cls"], per_residue=True, progress=False)
     assert s["embedded"] == len(records) and s["residues"] == sum(len(q) for _, q in records)
-    model = E.load_model(str(ckpt))[0]
+    model = load_model(str(ckpt)).net
     wrapped = ProteinLM.load_from_checkpoint(str(ckpt)).eval()
     with h5py.File(out) as f:
         assert [x.decode() for x in f["ids"][:]] == [r for r, _ in records]  # input order
@@ -189,87 +194,195 @@ def _write_fasta(path, recs):
     path.write_text("".join(f">{r} some description\n{s[:60]}\n{s[60:]}\n" for r, s in recs))
 
 
-def test_resume_after_interruption_matches_a_fresh_run(ckpt, records, tmp_path, monkeypatch):
+def h5_contents(path):
+    """Every dataset and attribute of an HDF5 file, for exact comparison."""
+    out = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+    return out, attrs
+
+
+def assert_same_file(a, b):
+    (da, aa), (db, ab) = h5_contents(a), h5_contents(b)
+    assert sorted(da) == sorted(db)
+    for k in da:
+        np.testing.assert_array_equal(da[k], db[k], err_msg=k)  # bitwise: the same batches ran
+    assert aa == ab
+
+
+def leftovers(tmp_path):
+    return sorted(p.name for p in tmp_path.rglob("*") if ".partial" in p.name or p.name.startswith("."))
+
+
+def test_kill_after_k_batches_then_resume_gives_the_clean_file(ckpt, records, tmp_path, monkeypatch):
     fasta = tmp_path / "in.fasta"
     _write_fasta(fasta, records)
-    fresh = tmp_path / "fresh.h5"
-    E.embed_file(ckpt, fasta, fresh, per_residue=True, progress=False)
+    kw = dict(per_residue=True, pooling=["mean", "max"], progress=False, max_tokens=1200, sort_window=7)
+    clean = E.embed_file(ckpt, fasta, tmp_path / "clean.h5", **kw)
+    assert clean["embedded"] == len(records) and clean["already_done"] == 0
 
-    out = tmp_path / "out.h5"
-    # first run over the first 6 records, then the whole file
-    _write_fasta(tmp_path / "head.fasta", records[:6])
-    E.embed_file(ckpt, tmp_path / "head.fasta", out, per_residue=True, progress=False, sort_window=4)
-    # a run that dies in its second window of 4 new records, after their per-residue
-    # arrays but before their rows: OUT stays the finished 6-record file
     calls = {"n": 0}
-    orig = E.H5Writer.append_rows
+    orig = E.Embedder.forward
 
-    def dying(self, rows):
+    def dying(self, batch, pad_id):  # the process "dies" in its fourth batch
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return orig(self, batch, pad_id)
+
+    monkeypatch.setattr(E.Embedder, "forward", dying)
+    out = tmp_path / "out.h5"
+    with pytest.raises(KeyboardInterrupt):
+        E.embed_file(ckpt, fasta, out, **kw)
+    assert not out.exists()
+    saved = sorted((tmp_path / "out.h5.partial").glob("batch-*.npz"))
+    assert len(saved) == 3  # every finished batch was kept
+    n_saved = sum(len(np.load(p)["index"]) for p in saved)
+    monkeypatch.setattr(E.Embedder, "forward", orig)
+    s = E.embed_file(ckpt, fasta, out, **kw)
+    assert s["already_done"] == n_saved and s["embedded"] == len(records) - n_saved
+    assert_same_file(out, tmp_path / "clean.h5")
+    with h5py.File(out) as f:
+        assert [x.decode() for x in f["ids"][:]] == [r for r, _ in records]  # input order
+        assert f.attrs["complete"]
+    assert leftovers(tmp_path) == []
+    # the same command again: nothing to do, file untouched
+    before = out.stat().st_mtime_ns
+    s = E.embed_file(ckpt, fasta, out, **kw)
+    assert s["embedded"] == 0 and s["already_done"] == len(records) and out.stat().st_mtime_ns == before
+
+
+def test_resume_refuses_another_checkpoint_input_or_settings(ckpt, records, tmp_path):
+    fasta = tmp_path / "in.fasta"
+    _write_fasta(fasta, records[:6])
+    out = tmp_path / "e.h5"
+    E.embed_file(ckpt, fasta, out, progress=False)
+    first = h5_contents(out)
+    other_ckpt = tmp_path / "other.ckpt"
+    trainer = pl.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(tiny(seed=1))
+    trainer.save_checkpoint(other_ckpt)
+    with pytest.raises(E.UserError, match=r"e\.h5 was written with a different checkpoint \(weights sha256\) "
+                                          r"\w{12}\.\.\. \(now \w{12}\.\.\.\): write to a new output path, "
+                                          r"or pass overwrite=true"):
+        E.embed_file(other_ckpt, fasta, out, progress=False)
+    other_input = tmp_path / "other.fasta"
+    _write_fasta(other_input, records[6:9])
+    with pytest.raises(E.UserError, match=r"different input \(file sha256\)"):
+        E.embed_file(ckpt, other_input, out, progress=False)
+    with pytest.raises(E.UserError, match=r"different layers \[2\] \(now \[0\]\)"):
+        E.embed_file(ckpt, fasta, out, layers=[0], progress=False)
+    with pytest.raises(E.UserError, match=r"different precision float32 \(now bfloat16\)"):
+        E.embed_file(ckpt, fasta, out, precision="bf16", progress=False)
+    after = h5_contents(out)
+    np.testing.assert_array_equal(first[0]["mean"], after[0]["mean"])  # refused: nothing changed
+    # the same weights from another path resume (nothing to do); another model with overwrite=true replaces
+    copy = tmp_path / "copy.ckpt"
+    copy.write_bytes(Path(ckpt).read_bytes())
+    assert E.embed_file(copy, fasta, out, progress=False)["embedded"] == 0
+    s = E.embed_file(other_ckpt, other_input, out, overwrite=True, progress=False)
+    assert s["embedded"] == 3
+    expected = E.embed_sequences(str(other_ckpt), str(other_input))
+    with h5py.File(out) as f:
+        assert [x.decode() for x in f["ids"][:]] == expected["ids"]
+        np.testing.assert_allclose(f["mean"][:], expected["mean"], atol=1e-5, rtol=1e-5)
+        assert f.attrs["input"] == str(other_input)
+
+
+def test_interrupted_run_of_another_identity_is_refused(ckpt, records, tmp_path, monkeypatch):
+    fasta = tmp_path / "in.fasta"
+    _write_fasta(fasta, records)
+    out = tmp_path / "e.h5"
+    orig = E.H5Output.write_batch
+    calls = {"n": 0}
+
+    def dying(self, index, results):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
-        orig(self, rows)
+        orig(self, index, results)
 
-    monkeypatch.setattr(E.H5Writer, "append_rows", dying)
+    monkeypatch.setattr(E.H5Output, "write_batch", dying)
     with pytest.raises(KeyboardInterrupt):
-        E.embed_file(ckpt, fasta, out, per_residue=True, progress=False, sort_window=4)
-    assert (tmp_path / "out.h5.partial").exists()
+        E.embed_file(ckpt, fasta, out, max_tokens=2000, progress=False)
+    monkeypatch.setattr(E.H5Output, "write_batch", orig)
+    with pytest.raises(E.UserError, match=r"e\.h5\.partial \(left by an interrupted run\) was written with a "
+                                          r"different pooling \['mean'\] \(now \['max'\]\)"):
+        E.embed_file(ckpt, fasta, out, pooling="max", progress=False)
+    E.embed_file(ckpt, fasta, out, pooling="max", overwrite=True, progress=False)
     with h5py.File(out) as f:
-        assert f["ids"].shape == (6,)
-    with h5py.File(tmp_path / "out.h5.partial") as f:  # 10 rows, plus 4 orphaned per-residue arrays
-        assert f["ids"].shape == (10,) and len(f["per_residue"]) == 14
-    monkeypatch.setattr(E.H5Writer, "append_rows", orig)
-    s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False, sort_window=4)
-    assert s["already_done"] == 10 and s["embedded"] == len(records) - 10
-    assert not (tmp_path / "out.h5.partial").exists()
-    with h5py.File(out) as a, h5py.File(fresh) as b:
-        assert list(a["ids"][:]) == list(b["ids"][:])
-        np.testing.assert_allclose(a["mean"][:], b["mean"][:], atol=1e-6)
-        assert sorted(a["per_residue"].keys()) == sorted(b["per_residue"].keys())
-        assert a.attrs["complete"]
-    # nothing left to do
-    s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False)
-    assert s["embedded"] == 0 and s["already_done"] == len(records)
-    # a different configuration is refused, not mixed in
-    with pytest.raises(ValueError, match="layers"):
-        E.embed_file(ckpt, fasta, out, layers=[0], per_residue=True, progress=False)
+        assert sorted(f) == ["ids", "max"]
+
+
+def test_causal_model_refuses_cls_pooling(tmp_path, records):
+    torch.manual_seed(0)
+    clm = ProteinLM(model=dict(dim=32, depth=2, heads=2, attention=dict(kernel="softmax", nb_features=16)),
+                    objective="clm").eval()
+    with pytest.raises(E.UserError, match=r"pooling=cls: ProteinLM is a causal \(clm\) model"):
+        E.embed_sequences(clm, records[:3], pooling=["mean", "cls"])
+    out = E.embed_sequences(clm, records[:3], pooling=["mean", "max"])  # the reason: what cls would give
+    assert not np.allclose(out["mean"][0], out["mean"][1])
+    _, hidden = clm.model(torch.tensor(np.stack([clm.tokenizer.encode(s)[:5] for _, s in records[:3]]).astype(np.int64)),
+                          return_layers=True)
+    np.testing.assert_allclose(hidden[-1][0, 0].detach(), hidden[-1][1, 0].detach(), atol=1e-6)
 
 
 def test_resume_pt_dir(ckpt, records, tmp_path):
     fasta = tmp_path / "in.fasta"
-    _write_fasta(fasta, records[:5])
-    E.embed_file(ckpt, fasta, pt_dir=tmp_path / "pt", progress=False)
     _write_fasta(fasta, records)
-    s = E.embed_file(ckpt, fasta, pt_dir=tmp_path / "pt", progress=False)
-    assert s["already_done"] == 5 and s["embedded"] == len(records) - 5
-    assert len(list((tmp_path / "pt").glob("*.pt"))) == len(records)
-    assert not list((tmp_path / "pt").glob(".*tmp"))
+    pt = tmp_path / "pt"
+    E.embed_file(ckpt, fasta, pt_dir=pt, progress=False)
+    for p in sorted(pt.glob("*.pt"))[:5]:  # as if killed before these were written
+        p.unlink()
+    s = E.embed_file(ckpt, fasta, pt_dir=pt, progress=False)
+    assert s["embedded"] >= 5 and s["embedded"] + s["already_done"] == len(records)
+    assert len(list(pt.glob("*.pt"))) == len(records)
+    assert not list(pt.glob(".*tmp"))
+    with pytest.raises(E.UserError, match=r"pt_dir .*pt was written with a different layers"):
+        E.embed_file(ckpt, fasta, pt_dir=pt, layers=[0], progress=False)
 
 
 def test_duplicates_invalid_and_empty_are_counted(ckpt, tmp_path, caplog):
     fasta = tmp_path / "bad.fasta"
-    fasta.write_text(">a\nMKTAYIAK\n>b\nMKJAYIAK\n>a\nMKTAYIAKQQ\n>c\n>d/1-5\nACDEF\n")
+    fasta.write_text(">a\nMKTAYIAK\n>b\nMKJAYIAK\n>a\nMKTAYIAK\n>c\n>d/1-5\nACDEF\n>a\nMKV\n")
     caplog.set_level("WARNING")
     out = tmp_path / "e.h5"
     s = E.embed_file(ckpt, fasta, out, per_residue=True, progress=False)
-    assert (s["embedded"], s["duplicate"], s["invalid"], s["empty"]) == (2, 1, 1, 1)
+    assert (s["embedded"], s["duplicate"], s["invalid"], s["empty"]) == (2, 1, 2, 1)
     text = caplog.text
-    assert f"{fasta}:5: record 'a' repeats the id first seen at {fasta}:1" in text
+    assert f"{fasta}:5: record 'a' repeats the id and sequence first seen at {fasta}:1" in text
+    assert f"{fasta}:10: record 'a' repeats the id first seen at {fasta}:1 with a different sequence" in text
     assert f"{fasta}:3" in text and "'J'" in text
     with h5py.File(out) as f:
         assert [x.decode() for x in f["ids"][:]] == ["a", "d/1-5"]
         assert f["per_residue/d%2F1-5"].shape == (5, 32)  # '/' escaped in member names
-    with pytest.raises(Exception, match=r"bad.fasta:3.*'b'.*'J'"):
+    with pytest.raises(Exception, match=r"bad.fasta:3.*'b'.*'J'.*set unknown=X"):
         E.embed_file(ckpt, fasta, tmp_path / "f.h5", on_invalid="error", progress=False)
+    assert not (tmp_path / "f.h5").exists()
     s = E.embed_file(ckpt, fasta, tmp_path / "g.h5", unknown="X", progress=False)
-    assert s["invalid"] == 0 and s["embedded"] == 3
+    assert s["invalid"] == 1 and s["embedded"] == 3
+
+
+def test_nothing_to_embed_is_an_error_and_writes_nothing(ckpt, tmp_path):
+    empty = tmp_path / "empty.fasta"
+    empty.write_text("")
+    with pytest.raises(E.UserError, match=r"empty\.fasta: no sequences to embed \(skipped: none\)"):
+        E.embed_file(ckpt, empty, tmp_path / "e.h5", pt_dir=tmp_path / "pt", progress=False)
+    bad = tmp_path / "bad.fasta"
+    bad.write_text(">a\nMKJ\n>b\n>c\nMK1\n")
+    with pytest.raises(E.UserError, match=r"bad\.fasta: no sequences to embed \(skipped: 1 empty, 2 invalid\)"):
+        E.embed_file(ckpt, bad, tmp_path / "e.h5", pt_dir=tmp_path / "pt", progress=False)
+    with pytest.raises(E.UserError, match="nothing to embed"):
+        E.embed_sequences(tiny(), [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.fasta", "empty.fasta"]
 
 
 def test_csv_and_gzipped_dat_inputs(ckpt, tmp_path):
     csv_path = tmp_path / "l.csv"
     csv_path.write_text("label,seq\n1,MKTAYIAKQR\n0,ACDEFGHIK\n")
-    out = E.embed(str(ckpt), str(csv_path))
-    assert out["ids"] == [E.sequence_id("MKTAYIAKQR"), E.sequence_id("acdefghik")]
+    out = E.embed_sequences(str(ckpt), str(csv_path))
+    assert out["ids"] == [sequence_id("MKTAYIAKQR"), sequence_id("acdefghik")]
     dat = tmp_path / "x.dat.gz"
     with gzip.open(dat, "wb") as fh:
         fh.write((FIX / "emboss_trembl_9records_2012.dat").read_bytes())
