@@ -133,40 +133,37 @@ def window_spans(n: int, window: int, stride: int, causal: bool) -> list[tuple[i
 
 
 # --- the model -----------------------------------------------------------------------------
-def attention_kernel(task) -> str:
-    return task.model.blocks[0].attn.kernel if len(task.model.blocks) else "none"
-
-
-def _window_for(task, window: int | None, stride: int | None) -> tuple[int | None, int | None, str | None]:
+def _window_for(net, kernel: str | None, window: int | None, stride: int | None
+                ) -> tuple[int | None, int | None, str | None]:
     """(window, stride, reason) for this model, or (None, None, None) when it sees proteins whole."""
-    if task.model.pos_embed is not None:  # learned positions cannot go past max_len
-        w = task.model.max_len if window is None else min(window, task.model.max_len)
+    if net.pos_embed is not None:  # learned positions cannot go past max_len
+        w = net.max_len if window is None else min(window, net.max_len)
         s = min(stride or w // 2, w)
         return w, s, "learned positions (model.max_len)"
-    if attention_kernel(task) == "exact" and window is not None:
+    if kernel == "exact" and window is not None:
         return window, (stride or window // 2), "exact softmax attention (quadratic memory)"
     return None, None, None
 
 
 @torch.no_grad()
-def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
+def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
                    max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
                    stride: int | None = 2048, device: str = "cpu", progress: bool = True,
                    desc: str = "evaluate") -> dict:
-    """Score ``sequences`` (Protein objects, strings or token arrays) with a ProteinLM.
+    """Score ``sequences`` (Protein objects, strings or token arrays) with ``model`` (a
+    ProteinLM, a checkpoint path or anything :func:`protein_performer.inference.load_model` takes).
 
     Returns ``metrics.json``'s content: the figures overall, ``buckets`` (the same figures
     per length bucket) and ``evaluation`` (objective, seed, attention kernel and whether
     proteins were seen whole or windowed)."""
-    tokenizer = task.tokenizer
-    objective = task.hparams.objective
+    loaded = load_model(model, device)
+    net, tokenizer, objective = loaded.net, loaded.tokenizer, loaded.objective
     proteins = _as_proteins(sequences, tokenizer)
     if not proteins:
         raise UserError("nothing to evaluate: no sequences")
     dev = resolve_device(device)
-    task = task.to(dev).eval()
-    freqs = task.aa_frequencies
-    win, stride_used, why = _window_for(task, window, stride)
+    freqs = loaded.aa_frequencies
+    win, stride_used, why = _window_for(net, loaded.kernel, window, stride)
 
     pieces: list[Piece] = []
     windowed = 0
@@ -192,7 +189,7 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
         batch = [pieces[i] for i in idx]
         inputs, padding = pad_batch([p.inputs for p in batch], tokenizer.pad_id)
         labels = pad_sequence([p.labels for p in batch], batch_first=True, padding_value=IGNORE)
-        rows = score_rows(task(inputs.to(dev), None if padding is None else padding.to(dev)), labels.to(dev), freqs)
+        rows = score_rows(net(inputs.to(dev), None if padding is None else padding.to(dev)), labels.to(dev), freqs)
         rows = {k: v.tolist() for k, v in rows.items()}
         for r, p in enumerate(batch):
             per_seq[p.seq].add({k: v[r] for k, v in rows.items()})
@@ -214,7 +211,7 @@ def evaluate_model(task, sequences: Sequence, *, seed: int = 0, mask_prob: float
         "scored": "masked residues" if objective == "mlm" else "every residue (next-token)",
         "mask_prob": mask_prob if objective == "mlm" else None,
         "seed": seed,
-        "attention_kernel": attention_kernel(task),
+        "attention_kernel": loaded.kernel,
         "full_length": windowed == 0,
         "window": win,
         "stride": stride_used,
@@ -338,8 +335,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
     proteins = load_proteins(data_path, fmt, max_records, unknown, on_invalid)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
-        task = load_model(path).task
-        m = evaluate_model(task, proteins, desc=name, **kwargs)
+        m = evaluate_model(load_model(path), proteins, desc=name, **kwargs)
         m["checkpoint"] = path
         m["step"] = checkpoint_step(path)
         m["data"] = str(data_path)

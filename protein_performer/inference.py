@@ -69,8 +69,11 @@ class LoadedModel:
 
 
 def load_model(model: Any, device: str = "cpu") -> LoadedModel:
-    """A checkpoint path, a ``ProteinLM`` or a ``PerformerLM`` -> :class:`LoadedModel`.
+    """A checkpoint path, a ``ProteinLM``, a ``PerformerLM`` (or a LoadedModel) -> :class:`LoadedModel`.
     A missing path or a file that is not a checkpoint is a one-line error naming it."""
+    if isinstance(model, LoadedModel):
+        model.net = model.net.to(resolve_device(device)).eval()
+        return model
     task, source = None, type(model).__name__
     if isinstance(model, (str, Path)):
         from .tasks import load_checkpoint
