@@ -15,7 +15,7 @@ they were trained with. Exact softmax (quadratic memory) sees proteins longer th
 ``window`` tokens through overlapping windows (``stride`` apart); each position is scored
 exactly once, in the window that gives it the most context (causal: the longest prefix;
 masked: the most central window). Models with learned positions are windowed at their
-``max_len``. ``metrics.json`` records which was used.
+``max_positions``. ``metrics.json`` records which was used.
 
 Figures are token-weighted (summed NLL / scored tokens), overall and per length bucket
 (by number of residues); the baseline is the amino-acid frequencies of the checkpoint's
@@ -136,10 +136,10 @@ def window_spans(n: int, window: int, stride: int, causal: bool) -> list[tuple[i
 def _window_for(net, kernel: str | None, window: int | None, stride: int | None
                 ) -> tuple[int | None, int | None, str | None]:
     """(window, stride, reason) for this model, or (None, None, None) when it sees proteins whole."""
-    if net.pos_embed is not None:  # learned positions cannot go past max_len
-        w = net.max_len if window is None else min(window, net.max_len)
+    if net.pos_embed is not None:  # learned positions cannot go past max_positions
+        w = net.max_positions if window is None else min(window, net.max_positions)
         s = min(stride or w // 2, w)
-        return w, s, "learned positions (model.max_len)"
+        return w, s, "learned positions (model.max_positions)"
     if kernel == "exact" and window is not None:
         return window, (stride or window // 2), "exact softmax attention (quadratic memory)"
     return None, None, None

@@ -217,9 +217,9 @@ def generate(model, num_samples: int = 1, max_length: int = 100, min_length: int
     prompt_ids = encode_prompt(prompt, tokenizer)
     if len(prompt_ids) > max_length:
         raise GenerationError(f"prompt has {len(prompt_ids)} residues, more than max_length={max_length}")
-    if getattr(model, "pos_embed", None) is not None and max_length > model.max_len:
+    if getattr(model, "pos_embed", None) is not None and max_length > model.max_positions:
         raise GenerationError(f"max_length={max_length} exceeds the model's learned positions "
-                              f"(model.max_len={model.max_len}); generate shorter proteins")
+                              f"(model.max_positions={model.max_positions}); generate shorter proteins")
     if device is None:
         device = next(model.parameters()).device
     device = torch.device(device)

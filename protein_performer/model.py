@@ -4,21 +4,81 @@ tokens -> embedding (+ learned positions, or rotary inside attention)
        -> depth x [pre-norm attention, pre-norm feed-forward], residual
        -> final norm -> output head tied to the embedding -> logits
 
-Which attention (FAVOR+ softmax, FAVOR++, ReLU, trig, elu+1 or exact softmax) is a
-config choice passed straight to :class:`protein_performer.attention.Attention`; the
-model does not know or care. A causal model can also run as an RNN: ``init_state`` and
-``step`` decode one token at a time with a constant-size state per layer.
+Everything that defines the model is one typed :class:`ModelConfig` (conf/model/*.yaml
+holds the same keys); which attention (FAVOR+ softmax, FAVOR++, ReLU, trig, elu+1 or exact
+softmax) is its ``attention.kernel``, passed to :class:`protein_performer.attention.Attention`;
+the model does not know or care. A causal model can also run as an RNN: ``init_state``
+and ``step`` decode one token at a time with a constant-size state per layer.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import Attention
+from .attention.feature_maps import KERNELS
 from .errors import UserError
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    kernel: str = "softmax"         # softmax (FAVOR+) | favor++ | relu | trig | elu | exact
+    nb_features: int = 128          # random features (softmax, favor++, relu, trig)
+    chunk_size: int = 128           # causal linear attention: prefix sums chunk by chunk
+    redraw_interval: int | None = 1000  # training forward calls between projection redraws (0/None: never)
+    orthogonal: bool = True         # orthogonal (vs iid) random features
+    relu_projection: bool = True    # the relu kernel with (True) or without a random projection
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What defines a PerformerLM, with the key names of conf/model/base.yaml."""
+    vocab_size: int = Tokenizer().vocab_size
+    dim: int = 128
+    depth: int = 4
+    heads: int = 4
+    ff_mult: int = 4
+    dropout: float = 0.1
+    causal: bool = False
+    position: str = "rotary"        # rotary (any length) | learned (up to max_positions)
+    max_positions: int = 1024       # learned positions only: the longest input the model accepts
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    def __post_init__(self):
+        if isinstance(self.attention, Mapping):
+            object.__setattr__(self, "attention", AttentionConfig(**_known(AttentionConfig, self.attention,
+                                                                           "model.attention")))
+        if self.position not in ("rotary", "learned"):
+            raise UserError(f"model.position must be 'rotary' or 'learned', got {self.position!r}")
+        if self.attention.kernel not in KERNELS:
+            raise UserError(f"model.attention.kernel={self.attention.kernel!r}: choose one of {', '.join(KERNELS)}")
+        if self.dim % self.heads:
+            raise UserError(f"model.dim={self.dim} is not divisible by model.heads={self.heads}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping, **extra) -> "ModelConfig":
+        """From a conf/model dict (``name`` ignored; ``max_len``, the old name of
+        ``max_positions``, accepted): an unknown key is a one-line error naming it."""
+        d = {k: v for k, v in {**d, **extra}.items() if k != "name"}
+        if "max_len" in d:
+            d["max_positions"] = d.pop("max_len")
+        return cls(**_known(cls, d, "model"))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _known(cls, d: Mapping, where: str) -> dict:
+    names = [f.name for f in fields(cls)]
+    for k in d:
+        if k not in names:
+            raise UserError(f"{where}.{k}: unknown key (known: {', '.join(names)})")
+    return dict(d)
 
 
 class FeedForward(nn.Module):
@@ -33,14 +93,15 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ff(norm(x))."""
 
-    def __init__(self, dim: int, heads: int, ff_mult: int, dropout: float, causal: bool, attention: dict,
-                 seed: int = 0):
+    def __init__(self, config: ModelConfig, seed: int = 0):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, causal=causal, dropout=dropout, seed=seed, **attention)
-        self.norm2 = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult * dim, dropout)
-        self.drop = nn.Dropout(dropout)
+        c = config
+        self.norm1 = nn.LayerNorm(c.dim)
+        self.attn = Attention(c.dim, c.heads, causal=c.causal, dropout=c.dropout, seed=seed,
+                              rotary=c.position == "rotary", **asdict(c.attention))
+        self.norm2 = nn.LayerNorm(c.dim)
+        self.ff = FeedForward(c.dim, c.ff_mult * c.dim, c.dropout)
+        self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.drop(self.attn(self.norm1(x), padding_mask))
@@ -55,28 +116,25 @@ class Block(nn.Module):
 class PerformerLM(nn.Module):
     """Encoder over amino-acid tokens with a tied language-model head.
 
-    ``attention`` holds the keyword arguments of :class:`Attention` (kernel, nb_features,
-    chunk_size, redraw_interval, ...). ``position`` is "rotary" (default; any length) or
-    "learned" (up to ``max_len`` positions).
+    ``PerformerLM(ModelConfig(...))``, or keyword overrides of the defaults
+    (``PerformerLM(dim=64, causal=True, attention={"kernel": "relu"})``). ``position``
+    is "rotary" (default; any length) or "learned" (up to ``max_positions``).
     """
 
-    def __init__(self, vocab_size: int, dim: int = 256, depth: int = 4, heads: int = 8, ff_mult: int = 4,
-                 dropout: float = 0.1, causal: bool = False, position: str = "rotary", max_len: int = 1024,
-                 attention: dict | None = None):
+    def __init__(self, config: ModelConfig | None = None, **overrides):
         super().__init__()
-        if position not in ("rotary", "learned"):
-            raise UserError(f"model.position must be 'rotary' or 'learned', got {position!r}")
-        attention = dict(attention or {})
-        attention["rotary"] = position == "rotary"
-        self.causal, self.position, self.max_len = causal, position, max_len
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.pos_embed = nn.Embedding(max_len, dim) if position == "learned" else None
-        self.drop = nn.Dropout(dropout)
+        if overrides:
+            base = ModelConfig() if config is None else config
+            config = ModelConfig.from_dict({**asdict(base), **overrides})
+        self.config = c = config or ModelConfig()
+        self.causal, self.position, self.max_positions = c.causal, c.position, c.max_positions
+        self.embed = nn.Embedding(c.vocab_size, c.dim)
+        self.pos_embed = nn.Embedding(c.max_positions, c.dim) if c.position == "learned" else None
+        self.drop = nn.Dropout(c.dropout)
         # each layer draws its own random-feature projections (seed = layer index)
-        self.blocks = nn.ModuleList(Block(dim, heads, ff_mult, dropout, causal, attention, seed=i)
-                                    for i in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head_bias = nn.Parameter(torch.zeros(vocab_size))
+        self.blocks = nn.ModuleList(Block(c, seed=i) for i in range(c.depth))
+        self.norm = nn.LayerNorm(c.dim)
+        self.head_bias = nn.Parameter(torch.zeros(c.vocab_size))
         nn.init.normal_(self.embed.weight, std=0.02)
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed.weight, std=0.02)
@@ -88,9 +146,9 @@ class PerformerLM(nn.Module):
     def _positions(self, x: torch.Tensor, start: int, length: int) -> torch.Tensor:
         if self.pos_embed is None:
             return x
-        if start + length > self.max_len:
+        if start + length > self.max_positions:
             raise UserError(f"sequence of {start + length} tokens exceeds the learned positions "
-                             f"(model.max_len={self.max_len}); use model.position=rotary for longer proteins")
+                            f"(model.max_positions={self.max_positions}); use model.position=rotary for longer proteins")
         return x + self.pos_embed(torch.arange(start, start + length, device=x.device))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import Timer
 from torchmetrics import SumMetric
 
-from .model import PerformerLM
+from .model import ModelConfig, PerformerLM
 from .objectives import IGNORE, SUMS, Scores, check_objective, score_rows
 from .tokenizer import VERSION, Tokenizer
 from .errors import UserError
@@ -30,7 +30,8 @@ class ProteinLM(pl.LightningModule):
             raise UserError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
         self.save_hyperparameters()
         self.tokenizer = Tokenizer()
-        self.model = PerformerLM(vocab_size=self.tokenizer.vocab_size, causal=objective == "clm", **dict(model))
+        self.model = PerformerLM(ModelConfig.from_dict(model, vocab_size=self.tokenizer.vocab_size,
+                                                            causal=objective == "clm"))
         # float64 sums: token counts pass 2^24 long before TrEMBL-sized validation sets end
         self.val_sums = torch.nn.ModuleDict({k: SumMetric().set_dtype(torch.float64) for k in SUMS})
 

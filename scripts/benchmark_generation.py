@@ -48,7 +48,7 @@ POSITIONS = [1, 16, 64, 256, 1024, 4096, 16384]
 
 def build(kernel: str, args) -> PerformerLM:
     torch.manual_seed(0)
-    model = PerformerLM(TOK.vocab_size, dim=args.dim, depth=args.depth, heads=args.heads, causal=True,
+    model = PerformerLM(vocab_size=TOK.vocab_size, dim=args.dim, depth=args.depth, heads=args.heads, causal=True,
                         dropout=0.0, attention=dict(kernel=kernel, nb_features=args.nb_features,
                                                     chunk_size=128, redraw_interval=0))
     return model.eval()

@@ -12,7 +12,7 @@ from protein_performer.tokenizer import Tokenizer
 @pytest.mark.parametrize("causal", [False, True])
 def test_compiled_model_matches_eager(causal):
     torch.manual_seed(0)
-    eager = PerformerLM(Tokenizer().vocab_size, dim=32, depth=1, heads=2, dropout=0.0, causal=causal,
+    eager = PerformerLM(vocab_size=Tokenizer().vocab_size, dim=32, depth=1, heads=2, dropout=0.0, causal=causal,
                         attention={"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 0})
     compiled = copy.deepcopy(eager)
     compiled.compile()

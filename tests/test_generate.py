@@ -40,7 +40,7 @@ def _one_thread():
 
 def make_task(kernel="softmax", position="rotary", objective="clm", chunk_size=8, seed=0, **kw):
     torch.manual_seed(seed)
-    task = ProteinLM(model=dict(dim=32, depth=2, heads=2, position=position, max_len=64, dropout=0.1,
+    task = ProteinLM(model=dict(dim=32, depth=2, heads=2, position=position, max_positions=64, dropout=0.1,
                                 attention=dict(kernel=kernel, nb_features=16, chunk_size=chunk_size)),
                      objective=objective, **kw)
     model = task.model

@@ -1,0 +1,47 @@
+"""The typed model config: conf/model variants are small overrides of one base file, every
+key reaches the model under one name, and a wrong key is a one-line error naming it."""
+import pytest
+from hydra import compose, initialize_config_dir
+
+from protein_performer.errors import UserError
+from protein_performer.model import ModelConfig, PerformerLM
+from protein_performer.tasks import ProteinLM
+
+KERNEL = {"performer": "softmax", "performer_relu": "relu", "favorpp": "favor++", "linear": "elu",
+          "transformer": "exact"}
+
+
+def compose_model(root, *overrides):
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+        return compose("train", overrides=list(overrides)).model
+
+
+@pytest.mark.parametrize("variant", sorted(KERNEL))
+def test_variants_differ_from_the_base_only_in_kernel_and_name(root, variant):
+    base = dict(compose_model(root, "model=base"))
+    cfg = dict(compose_model(root, f"model={variant}"))
+    assert set(cfg) == set(base)
+    assert {k for k in cfg if cfg[k] != base[k]} <= {"name", "attention"}
+    assert {k for k in cfg["attention"] if cfg["attention"][k] != base["attention"][k]} <= {"kernel"}
+    config = ModelConfig.from_dict(cfg)
+    assert config.attention.kernel == KERNEL[variant]
+    net = PerformerLM(config)
+    assert all(b.attn.kernel == KERNEL[variant] for b in net.blocks)
+    assert all(b.attn.chunk_size == cfg["attention"]["chunk_size"] for b in net.blocks)
+    expected = {"exact": None, "elu": cfg["dim"] // cfg["heads"]}.get(KERNEL[variant], cfg["attention"]["nb_features"])
+    assert net.blocks[0].attn.num_features == expected
+
+
+def test_unknown_keys_are_named():
+    with pytest.raises(UserError, match=r"model\.attention\.kernal: unknown key"):
+        ProteinLM(model={"dim": 32, "heads": 2, "attention": {"kernal": "relu"}})
+    with pytest.raises(UserError, match=r"model\.widht: unknown key"):
+        ModelConfig.from_dict({"widht": 3})
+    with pytest.raises(UserError, match="model.dim=30 is not divisible by model.heads=4"):
+        ModelConfig(dim=30, heads=4)
+
+
+def test_old_checkpoints_max_len_is_max_positions():
+    old = ProteinLM(model={"dim": 32, "heads": 2, "position": "learned", "max_len": 48})
+    assert old.model.config.max_positions == 48 and old.model.pos_embed.num_embeddings == 48
+    assert PerformerLM(dim=32, heads=2, position="learned", max_len=40).max_positions == 40
