@@ -5,6 +5,19 @@ import pytest
 import pytorch_lightning as pl
 
 ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"
+HELDOUT = ROOT / "data" / "heldout" / "uniprotkb_mix_heldout_2k.fasta.gz"
+#: a model small enough for tests (ProteinLM's ``model`` argument)
+TINY_MODEL = dict(dim=32, depth=2, heads=2, dropout=0.0, attention=dict(kernel="softmax", nb_features=16))
+
+
+def save_checkpoint(task, path) -> str:
+    """Write ``task`` (a ProteinLM) as a Lightning checkpoint, as training would."""
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, max_steps=0, accelerator="cpu")
+    trainer.strategy.connect(task)
+    trainer.save_checkpoint(str(path))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

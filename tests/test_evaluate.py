@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +17,11 @@ from protein_performer.objectives import IGNORE, scored_example
 from protein_performer.tasks import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import STANDARD_AA, Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, TINY_MODEL, save_checkpoint as save
+
 TOK = Tokenizer()
 AA = {a: TOK.aa_offset + i for i, a in enumerate(STANDARD_AA)}
-TINY = dict(dim=32, depth=2, heads=2, dropout=0.0, attention=dict(kernel="softmax", nb_features=16))
+TINY = TINY_MODEL
 
 # the model below predicts A 1/2, C 1/4, D 1/4 everywhere; the baseline is these frequencies
 MODEL_P = {"A": 0.5, "C": 0.25, "D": 0.25}
@@ -48,14 +48,6 @@ def constant_model(objective, kernel="softmax"):
             bias[AA[a]] = math.log(v)
         task.model.head_bias.copy_(bias)
     return task.eval()
-
-
-def save(task, path):
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, max_steps=0)
-    trainer.strategy.connect(task)
-    trainer.save_checkpoint(str(path))
-    return str(path)
 
 
 def test_length_buckets():

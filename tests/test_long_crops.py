@@ -2,7 +2,6 @@
 curriculum (``data.max_tokens``, ``data.crop_schedule``), checked against plain references:
 the FASTA's own sequences, a step -> crop function written out here, and the fixed-batch
 loader as it was before these keys existed."""
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,8 @@ from protein_performer.data.datasets import CropDataset
 from protein_performer.data.sampler import TokenBudgetBatchSampler
 from protein_performer.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 AA = "ACDEFGHIKLMNPQRSTVWY"
 TK = Tokenizer()
 K = 8  # random sequences: every 8-mer names its protein

@@ -24,8 +24,8 @@ from protein_performer.data.split import SPLITS
 from protein_performer.io import ParseError, read_fasta, read_uniprot
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"
+from conftest import ROOT, SAMPLE
+
 TK = Tokenizer()
 
 

@@ -1,7 +1,6 @@
 """Token-budget batching, shard datasets (crop / concat) and the shard data module,
 against plain references: set arithmetic over indices, the tokenizer, uninterrupted runs."""
 import gzip
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ from protein_performer.io import read_fasta
 from protein_performer.objectives import IGNORE
 from protein_performer.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"
+from conftest import ROOT, SAMPLE
+
 LENGTHS = np.array([len(r.sequence) + 2 for _, r in zip(range(3000), read_fasta(SAMPLE))])
 
 

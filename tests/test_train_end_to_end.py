@@ -15,8 +15,8 @@ from protein_performer.io import read_fasta
 from protein_performer.tasks import load_checkpoint
 from protein_performer.training import train
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"
+from conftest import ROOT, SAMPLE
+
 TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "model.attention.nb_features=16",
         "model.dropout=0.0", "data.max_len=64", "data.batch_size=16", "data.valid_fraction=0.1",
         "optim.warmup_steps=5", "optim.lr=3e-3"]
