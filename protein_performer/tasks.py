@@ -40,6 +40,19 @@ class ProteinLM(pl.LightningModule):
         f = self.hparams.aa_frequencies
         return None if f is None else torch.tensor(f, dtype=torch.float64)
 
+    def setup(self, stage: str) -> None:
+        """data.max_len is a crop and model.max_positions a position limit: with learned
+        positions the first must fit in the second, checked before any step runs."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or self.model.pos_embed is None:
+            return
+        concat = getattr(dm, "mode", "crop") == "concat"
+        key, longest = ("data.window", getattr(dm, "window", None)) if concat else ("data.max_len", getattr(dm, "max_len", None))
+        if longest is not None and longest - int(self.model.causal) > self.model.max_positions:
+            raise UserError(f"{key}={longest} is longer than the model's learned positions "
+                            f"(model.max_positions={self.model.max_positions}): raise model.max_positions, "
+                            f"lower {key}, or use model.position=rotary")
+
     def forward(self, inputs: torch.Tensor, padding_mask: torch.Tensor | None = None, **kw):
         return self.model(inputs, padding_mask, **kw)
 

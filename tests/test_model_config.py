@@ -45,3 +45,20 @@ def test_old_checkpoints_max_len_is_max_positions():
     old = ProteinLM(model={"dim": 32, "heads": 2, "position": "learned", "max_len": 48})
     assert old.model.config.max_positions == 48 and old.model.pos_embed.num_embeddings == 48
     assert PerformerLM(dim=32, heads=2, position="learned", max_len=40).max_positions == 40
+
+
+def test_crop_longer_than_learned_positions_is_refused_before_training(tmp_path):
+    import pytorch_lightning as pl
+
+    from conftest import SAMPLE
+    from protein_performer.data.datamodule import ProteinDataModule
+    task = ProteinLM(model={"dim": 32, "heads": 2, "depth": 1, "position": "learned", "max_positions": 32})
+    dm = ProteinDataModule(str(SAMPLE), max_len=64, batch_size=4, max_records=60, valid_fraction=0.2)
+    t = pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                   enable_model_summary=False, accelerator="cpu", default_root_dir=tmp_path)
+    with pytest.raises(UserError, match=r"data.max_len=64 is longer than the model's learned positions "
+                                        r"\(model.max_positions=32\)"):
+        t.fit(task, datamodule=dm)
+    dm = ProteinDataModule(str(SAMPLE), max_len=32, batch_size=4, max_records=60, valid_fraction=0.2)
+    t.fit(task, datamodule=dm)  # fits: trains
+    assert t.global_step == 1
