@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from ..inference import read_sequences, skipped_text
+from ..sequences import read_sequences, skipped_text
 from ..tokenizer import Tokenizer
 from .collate import Collator
 from .datasets import CropDataset
