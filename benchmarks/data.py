@@ -2,7 +2,7 @@
 plain and gzipped) and loader (tokens/s), on a file made by repeating the bundled real
 proteins, plus the projected time to prepare all of TrEMBL on a 16-core machine.
 
-    nice python scripts/benchmark_data.py [--size-mb 1024] [--out docs/data_benchmarks.md]
+    nice python benchmarks/data.py [--size-mb 1024] [--out docs/data_benchmarks.md]
 
 The test file lives under --tmp (never committed). Each copy of the 20k bundled proteins
 gets TrEMBL-style headers and a rotated sequence, so copies are not exact duplicates.
@@ -136,7 +136,7 @@ def main():
     lines = [
         "# Data pipeline benchmarks",
         "",
-        f"Command: `nice python scripts/benchmark_data.py --size-mb {args.size_mb}`  ",
+        f"Command: `nice python benchmarks/data.py --size-mb {args.size_mb}`  ",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
         f"{load[0]:.1f} at the end (the cores are shared with other jobs, so wall-clock rates are pessimistic; "
         f"MB per CPU-second shows the per-core cost).  ",

@@ -1,6 +1,6 @@
 """Embedding speed and peak memory against protein length on this machine's CPU.
 
-    nice python scripts/benchmark_embed.py [--ckpt PATH] [--lengths 256 1024 4096 8192 16384]
+    nice python benchmarks/embed.py [--ckpt PATH] [--lengths 256 1024 4096 8192 16384]
 
 Each (model, length) runs in a fresh process so that its peak RSS is its own: one
 protein of L residues, embedded through ``protein_performer.embed_sequences`` (mean of the last

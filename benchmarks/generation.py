@@ -20,7 +20,7 @@ child process per (mode, position): the growth of the process's peak resident me
 while doing one token's work at position p, above what the process held after building
 the model; it includes allocator and page granularity (~0.1-1 MiB noise).
 
-    flock /tmp/heavy.lock nice python scripts/benchmark_generation.py --rss
+    flock /tmp/heavy.lock nice python benchmarks/generation.py --rss
 writes docs/generation.md (table) and docs/generation.png (plot).
 """
 from __future__ import annotations
@@ -239,7 +239,7 @@ def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
              "exact softmax carries a KV cache. `tests/test_generate.py` holds the recurrent logits to the "
              "parallel causal forward for every kernel.", "",
              "## Time and memory per token against position", "",
-             "Produced by `scripts/benchmark_generation.py`; regenerate with", "", "```", cmd, "```", "",
+             "Produced by `benchmarks/generation.py`; regenerate with", "", "```", cmd, "```", "",
              f"Model: PerformerLM dim={args.dim}, depth={args.depth}, heads={args.heads}, "
              f"nb_features={args.nb_features} (the defaults of `conf/model/performer.yaml`), causal, eval, fp32, "
              f"batch 1, CPU, torch {torch.__version__}, {args.threads} thread(s). "
@@ -338,7 +338,7 @@ def main():
         return
     args.positions = sorted(set(args.positions))
     args.max_pos = args.positions[-1]
-    cmd = "flock /tmp/heavy.lock nice python scripts/benchmark_generation.py" + " ".join(
+    cmd = "flock /tmp/heavy.lock nice python benchmarks/generation.py" + " ".join(
         [""] + [a for a in sys.argv[1:]])
     t0 = time.time()
     print(f"rnn: generating {args.max_pos} tokens ...", flush=True)
