@@ -15,8 +15,8 @@ the id ``scripts/embed.py`` gives CSV rows without ids.
 from __future__ import annotations
 
 import csv
-import gzip
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from .inference import sequence_id
+from .io import _lines
 from .tokenizer import STANDARD_AA
 from .errors import UserError
 
@@ -41,20 +42,24 @@ def load_embeddings(paths: str | Path | Sequence[str | Path], pooling: str = "me
     for p in paths:
         if not Path(p).is_file():
             raise FileNotFoundError(f"embeddings {p}: no such file")
-        with h5py.File(p, "r") as f:
-            if pooling not in f:
-                raise KeyError(f"{p}: no '{pooling}' embeddings (has {sorted(f.keys())})")
+        try:
+            f = h5py.File(p, "r")
+        except OSError:
+            raise UserError(f"embeddings {p}: not an HDF5 file (expected the output of scripts/embed.py)") from None
+        with f:
+            if "ids" not in f or pooling not in f:
+                raise UserError(f"embeddings {p}: no 'ids' and '{pooling}' datasets (has {sorted(f.keys())})")
             node = f[pooling]
             if not hasattr(node, "shape"):  # a group keyed by layer
                 layers = sorted(node.keys(), key=int)
                 if layer is None:
-                    raise UserError(f"{p}: '{pooling}' holds layers {layers}; choose one with layer=")
+                    raise UserError(f"embeddings {p}: '{pooling}' holds layers {layers}; choose one with layer=")
                 if str(layer) not in node:
-                    raise KeyError(f"{p}: no layer {layer} under '{pooling}' (has {layers})")
+                    raise UserError(f"embeddings {p}: no layer {layer} under '{pooling}' (has {layers})")
                 node = node[str(layer)]
             ids += [x.decode() if isinstance(x, bytes) else x for x in f["ids"][:]]
             rows.append(np.asarray(node[:], dtype=np.float32))
-    return ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+    return ids, np.concatenate(rows)
 
 
 @dataclass
@@ -73,21 +78,20 @@ def read_labels(path: str | Path) -> Labels:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"labels {path}: no such file")
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
     delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
     ids, labels, seqs, split, skipped = [], [], [], [], {"empty": 0}
-    with (gzip.open(path, "rt", newline="") if gz else open(path, newline="")) as fh:
-        reader = csv.reader(fh, delimiter=delim)
+    reader = csv.reader((line for _, line in _lines(path)), delimiter=delim, strict=True)
+    try:
         header = [h.strip().lower() for h in next(reader, [])]
         col = {name: header.index(name) for name in ("id", "seq", "sequence", "label", "split") if name in header}
         if "sequence" in col and "seq" not in col:
             col["seq"] = col["sequence"]
         if "label" not in col or not ({"id", "seq"} & col.keys()):
-            raise UserError(f"{path}:1: header {header} needs a 'label' column and an 'id' or 'seq' column")
-        for n, row in enumerate(reader, 2):
+            raise UserError(f"{path}:1: header {header[:8]} needs a 'label' column and an 'id' or 'seq' column")
+        for row in reader:
             if not row:
                 continue
+            n = reader.line_num
             if len(row) < len(header):
                 raise UserError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
             label = row[col["label"]].strip()
@@ -99,6 +103,8 @@ def read_labels(path: str | Path) -> Labels:
             labels.append(label)
             seqs.append(seq)
             split.append(row[col["split"]].strip().lower() if "split" in col else None)
+    except csv.Error as e:
+        raise UserError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
     if not ids:
         raise UserError(f"{path}: no labeled rows")
     return Labels(ids, labels, seqs if "seq" in col else None, split if "split" in col else None,
@@ -247,17 +253,28 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     if task == "classification":
         vals, counts = np.unique(ytr, return_counts=True)
         result["classes"] = {str(v): int(c) for v, c in zip(vals, counts)}
-    result["embedding"] = evaluate(task, Xtr, ytr, Xte, yte, folds, seed)
+    n_fits = 1 + bool(baseline and str_ is not None) + bool(shuffle_control)
+
+    def fit(name: str, X_tr, y_tr, X_te) -> dict:  # a line per fitted probe: the slow part
+        log.info("probe %d/%d (%s): %d x %d, %s", len(fitted) + 1, n_fits, name, X_tr.shape[0], X_tr.shape[1],
+                 protocol)
+        t = time.perf_counter()
+        fitted.append(evaluate(task, X_tr, y_tr, X_te, yte, folds, seed))
+        log.info("probe %d/%d (%s): done in %.1f s", len(fitted), n_fits, name, time.perf_counter() - t)
+        return fitted[-1]
+
+    fitted: list = []
+    result["embedding"] = fit("embedding", Xtr, ytr, Xte)
     if baseline:
         if str_ is None:
             result["composition"] = {"skipped": "labels have no seq column"}
         else:
-            result["composition"] = evaluate(task, composition(str_), ytr,
-                                             composition(ste) if ste is not None else None, yte, folds, seed)
+            result["composition"] = fit("composition", composition(str_), ytr,
+                                        composition(ste) if ste is not None else None)
     y_ref = yte if yte is not None else ytr
     result["chance"] = chance(task, ytr, y_ref)
     if shuffle_control:
-        result["shuffled_labels"] = evaluate(task, Xtr, rng.permutation(ytr), Xte, yte, folds, seed)
+        result["shuffled_labels"] = fit("shuffled labels", Xtr, rng.permutation(ytr), Xte)
     return result
 
 

@@ -3,6 +3,7 @@ computation, the HDF5 / .pt layouts, resume after an interruption, counted skips
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -401,3 +402,76 @@ def test_cli(ckpt, records, tmp_path):
     with h5py.File(out) as f:
         assert sorted(f) == ["ids", "max", "mean"] and sorted(f["max"]) == ["0", "2"]
     assert not list(tmp_path.glob("outputs")) and not list(tmp_path.glob("*.log"))
+
+
+def run_script(name, capsys, *overrides):
+    """scripts/<name>.py in this process, its config composed by Hydra from ``overrides``:
+    (exit status, stderr)."""
+    import importlib.util
+    from hydra import compose, initialize_config_dir
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(name, overrides=list(overrides))
+    capsys.readouterr()
+    try:
+        mod.main(cfg)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line_and_leave_nothing(ckpt, tmp_path, capsys):
+    import random
+    ok = tmp_path / "ok.fasta"
+    ok.write_text(">a\nMKTAYIAKQR\n")
+    rng = random.Random(0)
+    text = "".join(f">p{i}\n" + "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(300)) + "\n"
+                   for i in range(200))
+    z = gzip.compress(text.encode())
+    (tmp_path / "cut.fasta.gz").write_bytes(z[: len(z) // 2])
+    (tmp_path / "bin.fasta").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "image").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    (tmp_path / "junk.ckpt").write_text("not a checkpoint\n")
+    (tmp_path / "notes.txt").write_text("keep me\n")
+    (tmp_path / "adir").mkdir()
+    out = tmp_path / "o.h5"
+    cases = [  # (overrides, the line's pattern)
+        ([f"input={tmp_path / 'nope.fasta'}"], r"nope\.fasta: no such file"),
+        ([f"input={tmp_path / 'adir'}"], r"adir: is a directory"),
+        ([f"input={tmp_path / 'cut.fasta.gz'}"], r"cut\.fasta\.gz:\d+: truncated or corrupt gzip data"),
+        ([f"input={tmp_path / 'bin.fasta'}"], r"bin\.fasta:1: expected a '>' header line"),
+        ([f"input={tmp_path / 'image'}"], r"image:1: cannot tell whether this is FASTA or a UniProt flat file"),
+        ([f"ckpt={tmp_path / 'junk.ckpt'}"], r"checkpoint .*junk\.ckpt: cannot load \("),
+        ([f"ckpt={tmp_path / 'missing.ckpt'}"], r"checkpoint .*missing\.ckpt: no such file"),
+        ([f"output={tmp_path / 'notes.txt'}"], r"output .*notes\.txt: exists and is not an HDF5 file"),
+        ([f"output={tmp_path / 'adir'}"], r"output .*adir: is a directory"),
+    ]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for overrides, pattern in cases:
+        args = {"ckpt": f"ckpt={ckpt}", "input": f"input={ok}", "output": f"output={out}"}
+        for o in overrides:
+            args[o.split("=")[0]] = o
+        code, err = run_script("embed", capsys, *args.values(), "progress=false")
+        assert code == 2, (overrides, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (overrides, err)
+        assert re.search(pattern, lines[0]), (pattern, lines[0])
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before, overrides  # nothing written
+    assert (tmp_path / "notes.txt").read_text() == "keep me\n"
+    # no arguments at all: the first missing key named is ckpt
+    code, err = run_script("embed", capsys)
+    assert code == 2 and err.startswith("error: ckpt is required")
+
+
+def test_cli_no_arguments_and_help():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "embed.py")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: ckpt is required: python scripts/embed.py ckpt=CHECKPOINT input=FILE output=OUT.h5 "
+        "(--help lists every key)"]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "embed.py"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("Embed proteins with a trained model")
+    for key in ("ckpt", "input", "output", "pt_dir", "overwrite", "layers", "pooling", "max_tokens", "on_invalid"):
+        assert f"\n  {key} " in r.stdout, key

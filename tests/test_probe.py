@@ -2,6 +2,7 @@
 task detection, id / sequence matching, the three evaluation protocols."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,45 @@ def test_cli_writes_json(tmp_path):
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["embedding"]["accuracy"] > 0.9 and "composition" in res
     assert "embedding " in r.stdout
+
+
+def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys):
+    from test_embed import run_script  # (pytest puts tests/ on sys.path)
+    X, y, seqs = planted(n=60, seed=4)
+    ids = [f"p{i}" for i in range(60)]
+    write_h5(tmp_path / "e.h5", ids, X)
+    write_labels(tmp_path / "nolabel.csv", zip(ids, y), ["id", "class"])
+    write_labels(tmp_path / "other.csv", zip([f"q{i}" for i in range(60)], y), ["id", "label"])
+    (tmp_path / "e.txt").write_text("not hdf5\n")
+    out = tmp_path / "r.json"
+    cases = [
+        ([f"labels={tmp_path / 'nolabel.csv'}"], r"nolabel\.csv:1: header \['id', 'class'\] needs a 'label' column"),
+        ([f"labels={tmp_path / 'other.csv'}"], r"no labeled rows of .*other\.csv match ids in .*e\.h5"),
+        ([f"labels={tmp_path / 'nope.csv'}"], r"labels .*nope\.csv: no such file"),
+        ([f"embeddings={tmp_path / 'e.txt'}"], r"embeddings .*e\.txt: not an HDF5 file"),
+        (["pooling=cls"], r"embeddings .*e\.h5: no 'ids' and 'cls' datasets \(has \['ids', 'mean'\]\)"),
+    ]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for overrides, pattern in cases:
+        args = {"embeddings": f"embeddings={tmp_path / 'e.h5'}", "labels": f"labels={tmp_path / 'other.csv'}",
+                "output": f"output={out}"}
+        for o in overrides:
+            args[o.split("=")[0]] = o
+        code, err = run_script("probe", capsys, *args.values())
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (overrides, err)
+        assert re.search(pattern, lines[0]), (pattern, lines[0])
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    code, err = run_script("probe", capsys)
+    assert code == 2 and err.startswith("error: embeddings is required")
+
+
+def test_a_progress_line_per_fitted_probe(tmp_path, caplog):
+    X, y, seqs = planted(n=80, seed=5)
+    write_h5(tmp_path / "e.h5", [sequence_id(s) for s in seqs], X)
+    write_labels(tmp_path / "l.csv", zip(seqs, y), ["seq", "label"])
+    caplog.set_level("INFO", logger="protein_performer")
+    run_probe(str(tmp_path / "e.h5"), str(tmp_path / "l.csv"), folds=3)
+    done = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()]
+    assert [m.split(":")[0] for m in done] == ["probe 1/3 (embedding)", "probe 2/3 (composition)",
+                                               "probe 3/3 (shuffled labels)"]
