@@ -1,4 +1,5 @@
 """protein-performer."""
+from . import resources  # noqa: F401  (registers the ${bundled:...} config resolver; cheap)
 
 
 def __getattr__(name):

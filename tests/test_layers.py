@@ -6,7 +6,7 @@ import ast
 from conftest import ROOT
 
 LAYERS = [  # lowest first
-    ("core", {"errors", "tokenizer", "io", "attention", "model", "objectives", "device", "sequences"}),
+    ("core", {"errors", "tokenizer", "io", "attention", "model", "objectives", "device", "sequences", "resources"}),
     ("data", {"data"}),
     ("training", {"tasks", "training", "run_folder", "run_logging", "quiet"}),
     ("inference", {"inference", "pretrained"}),
