@@ -8,6 +8,7 @@ memory. They are hand-written for speed (TrEMBL scale) and tested against Biopyt
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import zlib
@@ -23,6 +24,17 @@ DAT_SUFFIXES = (".dat", ".txt", ".swiss", ".sp")
 
 class ParseError(UserError):
     """A malformed input file; the message names file, record and line."""
+
+
+def _latin1_fallback(err: UnicodeDecodeError):
+    # bytes that are not UTF-8 are read as Latin-1: any file opens, and messages show the
+    # character the file holds ('é', not 'Ã©')
+    return err.object[err.start:err.end].decode("latin-1"), err.end
+
+
+codecs.register_error("protein_performer.latin1", _latin1_fallback)
+#: UTF-8, a leading byte-order mark dropped, other bytes as Latin-1
+TEXT = dict(encoding="utf-8-sig", errors="protein_performer.latin1")
 
 
 @dataclass
@@ -50,15 +62,15 @@ def accession(record_id):
 
 
 def open_text(path: str | Path):
-    """Open plain or gzipped text (detected from the magic bytes, not the name)."""
+    """Open plain or gzipped text (detected from the magic bytes, not the name) as :data:`TEXT`."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="latin-1")
-    return open(path, "r", encoding="latin-1")
+        return io.TextIOWrapper(gzip.open(path, "rb"), **TEXT)
+    return open(path, "r", **TEXT)
 
 
 def detect_format(path: str | Path) -> str:

@@ -98,3 +98,23 @@ def test_flat_file_record_missing_its_terminator_inside_the_sequence_block(tmp_p
     first_id = text.split()[1]
     with pytest.raises(ParseError, match=rf"noterm\.dat:\d+: record '{first_id}' \(line 1\) has no '//' terminator"):
         list(read_uniprot(broken))
+
+
+def test_bom_and_non_ascii_characters(tmp_path):
+    bom = tmp_path / "bom.fasta"
+    bom.write_bytes(b"\xef\xbb\xbf>p1 caf\xc3\xa9\nMKT\n")  # UTF-8 with a byte-order mark
+    [rec] = read_records(bom)
+    assert (rec.id, rec.description, rec.sequence) == ("p1", "p1 café", "MKT")
+    gz = tmp_path / "bom.fasta.gz"
+    gz.write_bytes(gzip.compress(bom.read_bytes()))
+    assert [r.description for r in read_records(gz)] == ["p1 café"]
+    utf8 = tmp_path / "u.fasta"
+    utf8.write_bytes(">p1\nMKé\n".encode())
+    assert list(read_fasta(utf8))[0].sequence == "MKé"  # shown as written, not 'MKÃ©'
+    latin1 = tmp_path / "l.fasta"
+    latin1.write_bytes(b">p1\nMK\xe9\xff\n")  # not UTF-8: each byte read as Latin-1
+    assert list(read_fasta(latin1))[0].sequence == "MKéÿ"
+    text = tmp_path / "junk.dat"
+    text.write_bytes("ÉTÉ\n".encode())
+    with pytest.raises(ParseError, match=r"junk\.dat:1: expected an 'ID' line to start a record, got 'ÉTÉ'"):
+        list(read_uniprot(text))
