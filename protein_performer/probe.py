@@ -119,7 +119,7 @@ def composition(seqs: Sequence[str]) -> np.ndarray:
         lut[ord(aa)] = i
     out = np.zeros((len(seqs), len(STANDARD_AA)), dtype=np.float64)
     for n, s in enumerate(seqs):
-        codes = lut[np.frombuffer(s.upper().encode("latin-1"), dtype=np.uint8)]
+        codes = lut[np.frombuffer(s.upper().encode("latin-1", errors="replace"), dtype=np.uint8)]
         out[n] = np.bincount(codes[codes >= 0], minlength=len(STANDARD_AA)) / max(len(codes), 1)
     return out.astype(np.float32)
 

@@ -121,6 +121,11 @@ def test_read_labels_errors_and_skips(tmp_path):
     assert t.ids == [sequence_id("MKT"), sequence_id("ACD")] and t.skipped == {"empty": 1}
     with pytest.raises(FileNotFoundError, match="nope.csv"):
         load_embeddings(tmp_path / "nope.csv")
+    # a byte-order mark before the header (spreadsheet exports) and non-ASCII residues
+    p.write_bytes("\ufeffid,seq,label\nA,MKT,1\nB,MK→,0\n".encode())
+    t = read_labels(p)
+    assert t.ids == ["A", "B"] and t.labels == ["1", "0"]
+    assert composition(t.seqs)[1].sum() == pytest.approx(2 / 3)  # '→' counts in the length only
 
 
 def test_cli_writes_json(tmp_path):
