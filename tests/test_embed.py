@@ -475,3 +475,14 @@ def test_cli_no_arguments_and_help():
     assert r.returncode == 0 and r.stdout.startswith("Embed proteins with a trained model")
     for key in ("ckpt", "input", "output", "pt_dir", "overwrite", "layers", "pooling", "max_tokens", "on_invalid"):
         assert f"\n  {key} " in r.stdout, key
+
+
+def test_bom_input_and_the_character_in_errors(ckpt, tmp_path):
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffid,seq\nA,MKTAYIAKQR\nB,MKé\n".encode())
+    with pytest.raises(E.UserError, match=r"bom\.csv:3: record 'B': invalid residue 'é' at position 3"):
+        E.embed_file(ckpt, p, tmp_path / "e.h5", on_invalid="error", progress=False)
+    s = E.embed_file(ckpt, p, tmp_path / "e.h5", progress=False)
+    assert (s["embedded"], s["invalid"]) == (1, 1)
+    with h5py.File(tmp_path / "e.h5") as f:
+        assert [x.decode() for x in f["ids"][:]] == ["A"]
