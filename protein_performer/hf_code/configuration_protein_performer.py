@@ -1,0 +1,22 @@
+"""transformers configuration of an exported protein-performer model (copied by its export).
+
+The keys are those of ``config.json`` as protein-performer writes it: the model settings
+(dim, depth, heads, ff_mult, dropout, position, max_positions, attention), the objective
+(mlm: bidirectional, clm: causal; ``causal`` repeats it) and what was trained with it (tokenizer version, the training
+set's amino-acid frequencies).
+"""
+from transformers import PretrainedConfig
+
+
+class ProteinPerformerConfig(PretrainedConfig):
+    model_type = "protein_performer"
+
+    def __init__(self, vocab_size=30, objective="mlm", causal=False, dim=128, depth=4, heads=4, ff_mult=4,
+                 dropout=0.1, position="rotary", max_positions=1024, attention=None, tokenizer_version=1,
+                 aa_frequencies=None, **kwargs):
+        self.vocab_size, self.objective, self.causal = vocab_size, objective, causal
+        self.dim, self.depth, self.heads, self.ff_mult, self.dropout = dim, depth, heads, ff_mult, dropout
+        self.position, self.max_positions = position, max_positions
+        self.attention = dict(attention or {})
+        self.tokenizer_version, self.aa_frequencies = tokenizer_version, aa_frequencies
+        super().__init__(**kwargs)

@@ -1,0 +1,298 @@
+"""transformers model code of an exported protein-performer model (copied by its export).
+
+Self-contained on purpose: a colleague needs torch and transformers, not protein-performer.
+It is a second, inference-first implementation of protein-performer's ``PerformerLM``
+forward pass, written for reading rather than speed:
+
+    tokens -> embedding (+ learned positions, or rotary on q and k)
+           -> depth x [x + attention(norm(x)), x + feed-forward(norm(x))]
+           -> final norm -> logits against the embedding matrix (tied) + bias
+
+Attention is exact softmax (SDPA) or linear attention phi(q) (phi(K)^T [V, 1]) through the
+kernel's feature map phi ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu"). The random
+projections and FAVOR++'s rho are buffers loaded from model.safetensors; nothing is
+redrawn or updated here (no training-time redraws), so the model computes what the exported
+one computed. The causal path walks the sequence chunk by chunk carrying the state
+(S, Z) of keys seen so far, so memory stays linear in the length. Exponential features
+(FAVOR+, FAVOR++) hand each key over as phi(k) exp(s) with max phi(k) = 1; a query sees key
+j with weight exp(s_j - M), M the largest s it can see, so nothing overflows.
+
+Logits match protein-performer's to float32 round-off (the export's tests check 1e-5).
+There is no KV cache and no ``generate()``: sample with protein-performer's RNN-mode
+``scripts/generate.py``.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput
+
+from .configuration_protein_performer import ProteinPerformerConfig
+
+LINEAR_KERNELS = ("softmax", "favor++", "relu", "trig", "elu")
+RELU_EPS = 1e-3         # added to ReLU features
+TRIG_FLOOR = 1e-6       # trig normalizer floor, relative to its bound
+TRIG_MAX_LOG_SCALE = 40.0
+ROTARY_BASE = 10000.0
+
+
+def rotate(x, base=ROTARY_BASE):
+    """Rotary position embedding ("rotate half" layout) of x (B, H, L, d), positions 0..L-1."""
+    d = x.shape[-1]
+    inv_freq = (1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))).float().to(x.device)
+    freqs = torch.outer(torch.arange(x.shape[-2], device=x.device, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * emb.cos().to(x.dtype) + torch.cat((-x2, x1), dim=-1) * emb.sin().to(x.dtype)
+
+
+def oprf_A(rho):
+    """FAVOR++'s variance-optimal A for rho (Likhosherstov et al. 2022)."""
+    rho = rho.clamp_min(0)
+    return (1 - 2 * rho - torch.sqrt((2 * rho + 1) ** 2 + 8 * rho)) / 16
+
+
+class FeatureMap(nn.Module):
+    """phi for one linear kernel, with its buffers (random projection; FAVOR++'s per-head rho)."""
+
+    def __init__(self, kernel, head_dim, heads, nb_features, relu_projection):
+        super().__init__()
+        self.kernel, self.head_dim = kernel, head_dim
+        self.relu_projection = relu_projection
+        rows = {"softmax": nb_features, "favor++": nb_features, "trig": nb_features // 2,
+                "relu": nb_features if relu_projection else 0}.get(kernel)
+        if rows is not None:
+            self.register_buffer("projection", torch.zeros(rows, head_dim))
+        if kernel == "favor++":
+            self.register_buffer("rho", torch.zeros(heads))
+            self.register_buffer("rho_updates", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, is_query):
+        """Raw (rotated) q or k (B, H, L, d), float32 -> (features (B, H, L, r), log-scale (B, H, L, 1) or None)."""
+        d = self.head_dim
+        if self.kernel == "elu":
+            return F.elu(x) + 1, None
+        if self.kernel == "relu":
+            u = x @ (self.projection.to(x.dtype) * d ** -0.25).T if self.relu_projection else x * d ** -0.25
+            return u.clamp_min(0) + RELU_EPS, None
+        if self.kernel == "trig":
+            x = x * d ** -0.25
+            p = x @ self.projection.to(x.dtype).T
+            f = torch.cat([torch.sin(p), torch.cos(p)], dim=-1)
+            if is_query:
+                return f, None
+            return f * torch.exp((0.5 * (x * x).sum(-1, keepdim=True)).clamp_max(TRIG_MAX_LOG_SCALE)), None
+        # FAVOR+ is FAVOR++ with A = 0: exp(B w.x + A |w|^2 - |x|^2/2) with x = q d^(-1/4)
+        w = self.projection.to(x.dtype)
+        if self.kernel == "favor++":
+            A = oprf_A(self.rho.to(x.dtype)).view(-1, 1, 1)                  # (H, 1, 1)
+            u = x @ ((torch.sqrt(1 - 4 * A) * d ** -0.25) * w).transpose(-1, -2) + A * (w * w).sum(-1)
+        else:
+            u = x @ (w * d ** -0.25).T
+        if is_query:  # a per-query factor cancels: shift by the row maximum
+            return torch.exp(u - u.amax(-1, keepdim=True)), None
+        u = u - (0.5 * d ** -0.5) * (x * x).sum(-1, keepdim=True)
+        s = u.amax(-1, keepdim=True)
+        return torch.exp(u - s), s
+
+    def normalizer_floor(self, k, causal, pad):
+        """Trig only: the normalizer's lower clamp, TRIG_FLOOR times its bound over the visible keys."""
+        k = k * self.head_dim ** -0.25
+        scale = torch.exp((0.5 * (k * k).sum(-1, keepdim=True)).clamp_max(TRIG_MAX_LOG_SCALE))
+        if pad is not None:
+            scale = scale.masked_fill(pad[:, None, :, None], 0.0)
+        total = scale.cumsum(-2) if causal else scale.sum(-2, keepdim=True)
+        return (TRIG_FLOOR * self.projection.shape[0]) * total.clamp_min(torch.finfo(k.dtype).tiny)
+
+
+def linear_attention(q, k, v, s, causal, chunk_size):
+    """Unnormalized sums [num, den] = sum_j exp(s_j - M_i) (q_i.k_j) [v_j, 1] over the visible keys j.
+
+    q, k (B, H, L, r), v (B, H, L, e), s (B, H, L, 1) key log-scales. Bidirectional: M = max s.
+    Causal: chunks of ``chunk_size`` positions; M_i the running maximum, the state
+    S = sum_j k_j [v_j, 1]^T kept in units of exp(m), m the maximum so far."""
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    if not causal:
+        return q @ (k.transpose(-1, -2) @ (v1 * torch.exp(s - s.amax(-2, keepdim=True))))
+    B, H, L, r = q.shape
+    S = q.new_zeros(B, H, r, v1.shape[-1])
+    m = q.new_full((B, H, 1, 1), torch.finfo(q.dtype).min)
+    out = []
+    for a in range(0, L, chunk_size):
+        qc, kc, vc, sc = (t[:, :, a:a + chunk_size] for t in (q, k, v1, s))
+        c = qc.shape[-2]
+        M = torch.maximum(m, sc.cummax(dim=-2).values)                        # (B, H, c, 1)
+        future = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+        weights = torch.exp((sc.transpose(-1, -2) - M).masked_fill(future, float("-inf")))  # exp(s_j - M_i)
+        out.append((qc @ S) * torch.exp(m - M) + ((qc @ kc.transpose(-1, -2)) * weights) @ vc)
+        last = M[:, :, -1:]
+        S = S * torch.exp(m - last) + (kc * torch.exp(sc - last)).transpose(-1, -2) @ vc
+        m = last
+    return torch.cat(out, dim=-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, config, causal):
+        super().__init__()
+        att = config.attention
+        self.kernel = att.get("kernel", "softmax")
+        if self.kernel not in LINEAR_KERNELS + ("exact",):
+            raise ValueError(f"unknown attention kernel {self.kernel!r}")
+        self.heads, self.head_dim = config.heads, config.dim // config.heads
+        self.causal, self.dropout = causal, config.dropout
+        self.chunk_size = int(att.get("chunk_size") or 128)
+        self.rotary = config.position == "rotary"
+        self.to_qkv = nn.Linear(config.dim, 3 * config.dim, bias=False)
+        self.to_out = nn.Linear(config.dim, config.dim)
+        self.drop = nn.Dropout(config.dropout)
+        self.feature_map = None if self.kernel == "exact" else FeatureMap(
+            self.kernel, self.head_dim, self.heads, int(att.get("nb_features", 256)),
+            bool(att.get("relu_projection", True)))
+
+    def forward(self, x, pad):
+        B, L, _ = x.shape
+        q, k, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.rotary:
+            q, k = rotate(q), rotate(k)
+        if self.feature_map is None:
+            out = self._exact(q, k, v, pad)
+        else:
+            out = self.drop(self._linear(q, k, v, pad))
+        return self.to_out(out.transpose(1, 2).reshape(B, L, -1))
+
+    def _exact(self, q, k, v, pad):
+        p = self.dropout if self.training else 0.0
+        if pad is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+        L = q.shape[-2]
+        allowed = ~pad[:, None, None, :]
+        if self.causal:
+            allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        allowed = allowed | torch.eye(L, dtype=torch.bool, device=q.device)  # no empty rows
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+
+    def _linear(self, q, k, v, pad):
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        q, k, v32 = q.to(dtype), k.to(dtype), v.to(dtype)
+        qf, _ = self.feature_map(q, is_query=True)
+        kf, s = self.feature_map(k, is_query=False)
+        if s is None:
+            s = torch.zeros_like(kf[..., :1])
+        if pad is not None:  # padded keys leave numerator and normalizer
+            kf = kf.masked_fill(pad[:, None, :, None], 0.0)
+            v32 = v32.masked_fill(pad[:, None, :, None], 0.0)
+            s = s.masked_fill(pad[:, None, :, None], torch.finfo(dtype).min)
+        nd = linear_attention(qf, kf, v32, s, self.causal, self.chunk_size)
+        num, den = nd[..., :-1], nd[..., -1:]
+        if self.kernel == "trig":
+            den = torch.maximum(den, self.feature_map.normalizer_floor(k, self.causal, pad))
+        else:
+            den = den.clamp_min(torch.finfo(dtype).tiny)
+        return (num / den).to(v.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, config, causal):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.dim)
+        self.attn = Attention(config, causal)
+        self.norm2 = nn.LayerNorm(config.dim)
+        self.ff = FeedForward(config.dim, config.ff_mult * config.dim, config.dropout)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, pad):
+        x = x + self.drop(self.attn(self.norm1(x), pad))
+        return x + self.drop(self.ff(self.norm2(x)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden, dropout):
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(dim, hidden), nn.Linear(hidden, dim), nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.fc2(self.drop(F.gelu(self.fc1(x))))
+
+
+class ProteinPerformerPreTrainedModel(PreTrainedModel):
+    """The language model; its parameter names are those of protein-performer's PerformerLM."""
+
+    config_class = ProteinPerformerConfig
+    base_model_prefix = "protein_performer"
+    objective = None  # set by the subclasses: which objective's models they open
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.objective != self.objective:
+            other = "AutoModelForCausalLM" if config.objective == "clm" else "AutoModelForMaskedLM"
+            raise ValueError(f"this is a {config.objective} model: open it with {other}")
+        if config.position not in ("rotary", "learned"):
+            raise ValueError(f"position must be 'rotary' or 'learned', got {config.position!r}")
+        causal = config.objective == "clm"
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.pos_embed = nn.Embedding(config.max_positions, config.dim) if config.position == "learned" else None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, causal) for _ in range(config.depth))
+        self.norm = nn.LayerNorm(config.dim)
+        self.head_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.post_init()
+
+    def _init_weights(self, module):
+        """Nothing to initialize: every weight comes from model.safetensors."""
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def set_input_embeddings(self, value):
+        self.embed = value
+
+    def _logits(self, input_ids, attention_mask, output_hidden_states):
+        """input_ids (B, L); attention_mask (B, L), 1 = token, 0 = padding -> logits (B, L, V) and
+        the hidden states (embedding, each block, final norm) when asked for."""
+        pad = None if attention_mask is None else attention_mask == 0
+        if pad is not None and not pad.any():
+            pad = None
+        x = self.embed(input_ids)
+        if self.pos_embed is not None:
+            L = input_ids.shape[1]
+            if L > self.config.max_positions:
+                raise ValueError(f"{L} tokens exceed the learned positions (max_positions={self.config.max_positions})")
+            x = x + self.pos_embed(torch.arange(L, device=x.device))
+        x = self.drop(x)
+        hidden = [x]
+        for block in self.blocks:
+            x = block(x, pad)
+            hidden.append(x)
+        h = self.norm(x)
+        hidden[-1] = h
+        logits = F.linear(h, self.embed.weight, self.head_bias)
+        return logits, (tuple(hidden) if output_hidden_states else None)
+
+
+class ProteinPerformerForMaskedLM(ProteinPerformerPreTrainedModel):
+    """Bidirectional (objective mlm) model: logits at every position; loss over labels != -100."""
+
+    objective = "mlm"
+
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
+                **kwargs):
+        logits, hidden = self._logits(input_ids, attention_mask, output_hidden_states)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=hidden)
+
+
+class ProteinPerformerForCausalLM(ProteinPerformerPreTrainedModel):
+    """Causal (objective clm) model: logits at position i predict token i + 1; loss over shifted labels."""
+
+    objective = "clm"
+
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
+                **kwargs):
+        logits, hidden = self._logits(input_ids, attention_mask, output_hidden_states)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+        return CausalLMOutput(loss=loss, logits=logits, hidden_states=hidden)
