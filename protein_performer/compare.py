@@ -59,7 +59,8 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
         run_dir = out / "runs" / name
         last = run_dir / "checkpoints" / "last.ckpt"
         extra = list((model_overrides or {}).get(name, []))
-        cfg = compose_train_config([f"model={name}", *train_overrides, *extra])
+        # overwrite: a run folder without train_summary.json is an unfinished run, trained afresh
+        cfg = compose_train_config([f"model={name}", *train_overrides, *extra, "overwrite=true"])
         if reuse and last.is_file() and (run_dir / "train_summary.json").is_file():
             train_info[name] = json.loads((run_dir / "train_summary.json").read_text())
             log.info("%s: reusing %s", name, last)

@@ -125,8 +125,8 @@ def download(url: str, dest: str | Path, *, md5: str | None = None, metalink: st
             kept = f"; {part} keeps {have:,} bytes and the next run resumes it" if have else ""
             raise DownloadError(f"{url}: gave up after {failures} failed attempts to download it to {dest} "
                                 f"({' '.join(str(err).split())}){kept}")
-        log.warning("%s: %s; resuming from byte %d (attempt %d/%d)", url, err,
-                    part.stat().st_size if part.exists() else 0, failures, retries)
+        log.warning("%s: %s; retry %d of %d from byte %d", url, err, failures, retries,
+                    part.stat().st_size if part.exists() else 0)
         time.sleep(backoff * failures)
     if bar is not None:
         bar.close()
