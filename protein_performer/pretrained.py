@@ -176,8 +176,9 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
     tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _write_weights(module.model, tmp / WEIGHTS)
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        _write_weights(module.model, tmp / WEIGHTS)
+        shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)  # safetensors writes owner-only; share like the rest
         _write_tokenizer(tmp)
         for name in REMOTE_CODE:
             shutil.copyfile(Path(__file__).parent / "hf_code" / name, tmp / name)
@@ -368,6 +369,7 @@ def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | N
               "are the ones above, and no downstream (structure or function) evaluation is recorded here. "
               "Generated or predicted sequences are hypotheses, not validated proteins.",
               "", "## Use", "", "With protein-performer installed (no Lightning, no pickle):", "", "```python",
+              "import torch",
               "from protein_performer.pretrained import load_pretrained",
               "model, tokenizer = load_pretrained(\"path/to/this/directory\")  # PerformerLM in eval mode",
               "ids = torch.as_tensor(tokenizer.encode(\"MKTAYIAKQR\"), dtype=torch.long)[None]",

@@ -154,10 +154,11 @@ def test_weights_are_plain_safetensors_with_the_buffers(exported):
     assert "head.weight" not in tensors  # tied: the head is the embedding
     with safe_open(out / "model.safetensors", "pt") as f:
         assert f.metadata() == {"format": "pt"}
-    # every other file is text
+    # every other file is text; all readable alike (safetensors alone would write owner-only)
     for p in out.iterdir():
         if p.name != "model.safetensors":
             p.read_text(encoding="utf-8")
+    assert len({p.stat().st_mode for p in out.iterdir()}) == 1
 
 
 def test_loading_imports_no_lightning_and_unpickles_nothing(exported):
