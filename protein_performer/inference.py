@@ -21,6 +21,7 @@ import torch
 
 from .device import resolve_device
 from .errors import UserError
+from .pretrained import CONFIG, is_pretrained_dir, load_pretrained, read_config
 from .sequences import (CSV_SUFFIXES, SKIP_KINDS, Entry, is_csv, read_sequences, sequence_id,  # noqa: F401
                         skipped_text)
 from .tokenizer import Tokenizer
@@ -40,6 +41,7 @@ class LoadedModel:
     kernel: str | None  # attention kernel name ("softmax", "exact", ...)
     source: str  # the path it came from, or the class name of an in-memory module
     task: Any = None
+    frequencies: list[float] | None = None  # training amino-acid frequencies of an exported model
 
     @property
     def causal(self) -> bool:
@@ -53,29 +55,37 @@ class LoadedModel:
     @property
     def aa_frequencies(self) -> torch.Tensor | None:
         """The training amino-acid frequencies (float64 over the vocabulary), if recorded."""
-        return self.task.aa_frequencies if self.task is not None else None
+        if self.task is not None:
+            return self.task.aa_frequencies
+        return None if self.frequencies is None else torch.tensor(self.frequencies, dtype=torch.float64)
 
 
 def load_model(model: Any, device: str = "cpu") -> LoadedModel:
-    """A checkpoint path, a ``ProteinLM``, a ``PerformerLM`` (or a LoadedModel) -> :class:`LoadedModel`.
-    A missing path or a file that is not a checkpoint is a one-line error naming it."""
+    """A checkpoint path, an exported model directory (``scripts/export.py``), a ``ProteinLM``,
+    a ``PerformerLM`` (or a LoadedModel) -> :class:`LoadedModel`. A missing path, a file
+    that is not a checkpoint or a broken directory is a one-line error naming it."""
     if isinstance(model, LoadedModel):
         model.net = model.net.to(resolve_device(device)).eval()
         return model
-    task, source = None, type(model).__name__
+    task, source, frequencies = None, type(model).__name__, None
     if isinstance(model, (str, Path)):
-        from .tasks import load_checkpoint
         source = str(model)
-        if Path(source).is_dir():
-            raise UserError(f"checkpoint {source}: is a directory, expected a .ckpt file written by training")
-        model = load_checkpoint(source, map_location="cpu")
+        if is_pretrained_dir(source):
+            model, _ = load_pretrained(source)
+            frequencies = read_config(Path(source) / CONFIG).get("aa_frequencies")
+        elif Path(source).is_dir():
+            raise UserError(f"checkpoint {source}: is a directory without {CONFIG}; expected a .ckpt file "
+                            f"written by training or a directory written by scripts/export.py")
+        else:
+            from .tasks import load_checkpoint
+            model = load_checkpoint(source, map_location="cpu")
     if hasattr(model, "model") and hasattr(model, "tokenizer"):  # ProteinLM
         task, net, tokenizer = model.eval(), model.model, model.tokenizer
     else:
         net, tokenizer = model, Tokenizer()
     kernel = next((m.kernel for m in net.modules() if isinstance(getattr(m, "kernel", None), str)), None)
     net = net.to(resolve_device(device)).eval()
-    return LoadedModel(net, tokenizer, kernel, source, task)
+    return LoadedModel(net, tokenizer, kernel, source, task, frequencies)
 
 
 def weights_sha256(net: torch.nn.Module) -> str:

@@ -282,6 +282,9 @@ def test_resume_refuses_another_checkpoint_input_or_settings(ckpt, records, tmp_
     copy = tmp_path / "copy.ckpt"
     copy.write_bytes(Path(ckpt).read_bytes())
     assert E.embed_file(copy, fasta, out, progress=False)["embedded"] == 0
+    from protein_performer.pretrained import export  # ... or from its exported directory
+    exported = export(ckpt, tmp_path / "exported")
+    assert E.embed_file(exported, fasta, out, progress=False)["already_done"] == 6
     s = E.embed_file(other_ckpt, other_input, out, overwrite=True, progress=False)
     assert s["embedded"] == 3
     expected = E.embed_sequences(str(other_ckpt), str(other_input))

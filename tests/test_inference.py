@@ -52,8 +52,24 @@ def test_load_model_errors_name_the_file(tmp_path):
     junk.write_text("not a checkpoint\n")
     with pytest.raises(UserError, match=r"^checkpoint .*junk\.ckpt: cannot load \("):
         load_model(junk)
-    with pytest.raises(UserError, match=r"checkpoint .*: is a directory"):
+    with pytest.raises(UserError, match=r"checkpoint .*: is a directory without config\.json"):
         load_model(tmp_path)
+
+
+def test_load_model_from_an_exported_directory(tmp_path):
+    from protein_performer.pretrained import export
+    m = tiny("clm")
+    v = m.tokenizer.vocab_size
+    m.hparams.aa_frequencies = [float(i) / (v * (v - 1) / 2) for i in range(v)]
+    ckpt = save(m, tmp_path / "m.ckpt")
+    out = export(ckpt, tmp_path / "exported")
+    a, b = load_model(ckpt), load_model(out)
+    assert b.task is None and b.source == str(out) and b.causal and b.objective == "clm" and b.kernel == "relu"
+    assert weights_sha256(a.net) == weights_sha256(b.net)  # the same model, whichever form it comes in
+    torch.testing.assert_close(b.aa_frequencies, a.aa_frequencies)
+    tokens = torch.tensor(a.tokenizer.encode("MKTAYIAKQR"), dtype=torch.long)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(b.net(tokens), a.net(tokens))
 
 
 def test_file_sha256_is_the_hash_of_the_bytes(tmp_path):
