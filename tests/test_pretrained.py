@@ -366,7 +366,8 @@ def test_transformers_opens_the_directory_to_the_same_logits(exported, transform
     # the loss is the usual one over the labels
     labels = tokens.masked_fill(pad, -100)
     with torch.no_grad():
-        loss = model(**enc, labels=labels).loss
+        loss, logits = model(**enc, labels=labels, return_dict=False)
+    assert torch.equal(logits, got.logits)
     if objective == "clm":
         ref, labels = ref[:, :-1], labels[:, 1:]
     expected = torch.nn.functional.cross_entropy(ref.reshape(-1, 30), labels.reshape(-1), ignore_index=-100)

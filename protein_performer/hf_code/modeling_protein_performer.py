@@ -280,7 +280,8 @@ class ProteinPerformerForMaskedLM(ProteinPerformerPreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=hidden)
+        out = MaskedLMOutput(loss=loss, logits=logits, hidden_states=hidden)
+        return out if return_dict is not False else out.to_tuple()
 
 
 class ProteinPerformerForCausalLM(ProteinPerformerPreTrainedModel):
@@ -295,4 +296,5 @@ class ProteinPerformerForCausalLM(ProteinPerformerPreTrainedModel):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits, hidden_states=hidden)
+        out = CausalLMOutput(loss=loss, logits=logits, hidden_states=hidden)
+        return out if return_dict is not False else out.to_tuple()
