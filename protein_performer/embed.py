@@ -283,14 +283,13 @@ class H5Output:
             info = self.journal / "identity.json"
             old = json.loads(info.read_text()) if self.journal.is_dir() and info.is_file() else {}
             diff = differences(old, identity)
-            if overwrite or diff:
-                if not overwrite:
-                    _refuse(f"{self.journal} (left by an interrupted run)", diff, self.journal)
+            if diff and not overwrite:
+                _refuse(f"{self.journal} (left by an interrupted run)", diff, self.journal)
+            if overwrite:
                 shutil.rmtree(self.journal) if self.journal.is_dir() else self.journal.unlink()
-            else:
-                for f in self._batch_files():
-                    with np.load(f) as z:
-                        self.done.update(int(i) for i in z["index"])
+            for f in self._batch_files():  # resume: what the interrupted run finished
+                with np.load(f) as z:
+                    self.done.update(int(i) for i in z["index"])
         self.n_files = len(self._batch_files())
 
     def _batch_files(self) -> list[Path]:
