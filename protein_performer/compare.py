@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Sequence
 
 from .evaluate import evaluate, format_table
+from .resources import conf_dir
 
 log = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 GENERATED_END = "<!-- end of generated part: text below this line is kept when scripts/compare.py rewrites the file -->"
 
 
@@ -34,7 +34,7 @@ def compose_train_config(overrides: Sequence[str]):
     from hydra.core.global_hydra import GlobalHydra
     if GlobalHydra.instance().is_initialized():
         return compose("train", overrides=list(overrides))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose("train", overrides=list(overrides))
 
 

@@ -408,18 +408,21 @@ def test_cli(ckpt, records, tmp_path):
 
 
 def run_script(name, capsys, *overrides):
-    """scripts/<name>.py in this process, its config composed by Hydra from ``overrides``:
-    (exit status, stderr)."""
-    import importlib.util
+    """``protein-performer <name>`` (= scripts/<name>.py) in this process, its config composed by
+    Hydra from ``overrides``: (exit status, stderr)."""
+    import importlib
+
     from hydra import compose, initialize_config_dir
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+
+    from protein_performer.cli import COMMANDS
+    from protein_performer.errors import cli
+    module, function = COMMANDS[name].target.split(":")
+    job = cli(getattr(importlib.import_module(module), function))
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(name, overrides=list(overrides))
+        cfg = compose(COMMANDS[name].config, overrides=list(overrides))
     capsys.readouterr()
     try:
-        mod.main(cfg)
+        job(cfg)
         code = 0
     except SystemExit as e:
         code = e.code
