@@ -6,7 +6,7 @@ What is timed is the attention core on given q, k, v of shape (batch, heads, L, 
 (feature maps + attention, no projections), as in the anchors: forward+backward (gradient of
 sum(out * g) w.r.t. q, k, v) and forward only (no_grad).  Every (method, mode, pass) runs in
 its own subprocess over increasing L, so the peak RSS read after each L is that L's peak
-(the whole process, ~220 MiB of which is Python + torch, as in the anchor table).
+(the whole process, ~220 MiB of which is Python + torch: docs/anchors.md, 'Machine').
 
     python benchmarks/attention.py            # full run, writes docs/benchmarks.md + PNGs
     python benchmarks/attention.py --quick    # L = 512..2048, a few minutes
@@ -14,8 +14,9 @@ its own subprocess over increasing L, so the peak RSS read after each L is that 
 
 Methods: our kernels (softmax = FAVOR+, favor++, relu, trig, elu with r = head_dim), exact
 SDPA, and performer-pytorch 1.1.4 (``pip install performer-pytorch==1.1.4``, the optional
-``bench`` extra) when importable; fast-transformers' numbers are cited from the anchors
-(docs: /work/shared/anchors.md) unless it is importable.
+``bench`` extra) when importable; fast-transformers is measured when importable, and its
+figures, with the other libraries' and the machine's, are cited from docs/anchors.md (measured
+earlier, not rerun here; their provenance is there).
 """
 from __future__ import annotations
 
@@ -23,17 +24,14 @@ import argparse
 import json
 import math
 import os
-import platform
-import resource
-import statistics
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common  # noqa: E402
 
 LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 QUICK_LENGTHS = [512, 1024, 2048]
@@ -49,30 +47,18 @@ LABELS = {
     "ft": "fast-transformers 0.4.0 elu+1",
 }
 
-# Anchors measured on this machine (anchors.md): seconds per fwd+bwd step / peak RSS MiB.
-ANCHORS = {
-    ("exact", "causal"): {1024: (0.032, 303), 4096: (0.365, 378), 8192: (1.40, 490), 16384: (4.53, 579)},
-    ("exact", "bidirectional"): {1024: (0.034, 304), 4096: (0.564, 378), 8192: (2.84, 554), 16384: (10.8, 603)},
-    ("pp-fallback", "causal"): {1024: (0.77, 2306), 4096: (5.08, 8331), 8192: (25.3, 5100), 16384: (49.6, 9893)},
-    ("pp+ft-kernel", "causal"): {1024: (0.124, 452), 4096: (0.966, 658), 8192: (1.84, 1019), 16384: (3.18, 1503)},
-    ("pp", "bidirectional"): {1024: (0.045, 433), 4096: (0.405, 616), 8192: (0.914, 930), 16384: (1.66, 1247)},
-    ("ft elu+1", "causal"): {1024: (0.033, 335), 4096: (0.176, 504), 8192: (0.341, 689), 16384: (0.867, 726)},
-    ("ft elu+1", "bidirectional"): {1024: (0.011, 316), 4096: (0.065, 474), 8192: (0.136, 590), 16384: (0.354, 853)},
-}
+ANCHOR_SOURCE = "docs/anchors.md"
+
+
+def load_anchors() -> dict:
+    """The attention figures measured earlier with other libraries (docs/anchors.md, 'Attention
+    core'): (id, mode) -> {L: (seconds per fwd+bwd step, peak RSS MiB)}."""
+    return {(row["id"], row["mode"]): {int(k[2:]): tuple(common.number(x) for x in v.split("/"))
+                                       for k, v in row.items() if k.startswith("L=")}
+            for row in common.anchors("Attention core")}
 
 
 # ----------------------------------------------------------------------------- worker side
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB (VmHWM; ru_maxrss would carry over the
-    parent's peak across fork + exec)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _build(method: str, causal: bool, args):
@@ -139,48 +125,34 @@ def worker(args) -> None:
             else:
                 with torch.no_grad():
                     f(q, k, v)
-        times = []
         try:
-            t0 = time.perf_counter()
-            step()  # warm-up
-            first = time.perf_counter() - t0
-            reps = args.reps if first < 2.0 else max(1, min(args.reps, 2))
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - t0)
+            first = common.seconds(step)  # warm-up
+            timing = common.measure(step, args.reps if first < 2.0 else max(1, min(args.reps, 2)), warmup=0)
         except RuntimeError as e:  # out of memory and the like
             print(json.dumps({"L": L, "skipped": f"error: {str(e)[:80]}"}), flush=True)
             break
-        t = statistics.median(times)
-        print(json.dumps({"L": L, "time": t, "time_min": min(times), "rss_mib": peak_rss_mib(),
-                          "reps": len(times)}), flush=True)
+        t = timing.median
+        print(json.dumps({"L": L, "time": t, "time_min": timing.best, "rss_mib": common.peak_rss_mib(),
+                          "reps": len(timing.runs)}), flush=True)
         prev, prev_L = t, L
         del q, k, v, go
 
 
 # ----------------------------------------------------------------------------- driver side
 def run_worker(method, mode, pass_, lengths, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--method", method, "--mode", mode, "--pass", pass_,
-           "--lengths", ",".join(map(str, lengths)), "--threads", str(args.threads),
-           "--reps", str(args.reps), "--max-seconds", str(args.max_seconds), "--batch", str(args.batch),
-           "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--chunk-size", str(args.chunk_size),
-           "--nb-features", str(args.head_dim if method == "elu" else args.nb_features)]
-    res = {}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    for line in proc.stdout:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        res[rec["L"]] = rec
+    cmd = ["--worker", "--method", method, "--mode", mode, "--pass", pass_,
+           "--lengths", ",".join(map(str, lengths)), "--threads", args.threads,
+           "--reps", args.reps, "--max-seconds", args.max_seconds, "--batch", args.batch,
+           "--heads", args.heads, "--head-dim", args.head_dim, "--chunk-size", args.chunk_size,
+           "--nb-features", args.head_dim if method == "elu" else args.nb_features]
+
+    def show(rec: dict) -> None:
         shown = (f"{rec['time']:.4f} s  {rec['rss_mib']:.0f} MiB" if "time" in rec else rec["skipped"])
         print(f"  {LABELS.get(method, method):32s} {mode:13s} {pass_:6s} L={rec['L']:6d}  {shown}", flush=True)
-    proc.wait()
-    if proc.returncode != 0:
-        err = proc.stderr.read().strip().splitlines()
-        print(f"  {method} {mode} {pass_}: worker failed: {err[-1] if err else proc.returncode}", flush=True)
-    return res
+    child = common.run_child(__file__, cmd, on_record=show)
+    if not child.ok:
+        print(f"  {method} {mode} {pass_}: worker failed: {child.reason}", flush=True)
+    return {rec["L"]: rec for rec in child.records}
 
 
 def matmul_rate(threads: int) -> dict:
@@ -189,19 +161,10 @@ def matmul_rate(threads: int) -> dict:
     torch.set_num_threads(threads)
     out = {}
 
-    def best_seconds(fn, reps: int = 5) -> float:
-        fn()  # warm-up
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return min(ts)
-
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    out["mm2048_gflops"] = 2 * 2048 ** 3 / best_seconds(lambda: a @ b) / 1e9
+    out["mm2048_gflops"] = 2 * 2048 ** 3 / common.measure(lambda: a @ b, 5).best / 1e9
     x, w = torch.randn(8, 8192, 256), torch.randn(8, 256, 64)
-    out["bmm_gflops"] = 2 * 8 * 8192 * 256 * 64 / best_seconds(lambda: x @ w) / 1e9
+    out["bmm_gflops"] = 2 * 8 * 8192 * 256 * 64 / common.measure(lambda: x @ w, 5).best / 1e9
     return out
 
 
@@ -276,6 +239,7 @@ def fmt_cell(rec) -> str:
 def write_report(results, acc, mm, args, lengths, wall) -> str:
     import torch
 
+    anchors, machine = load_anchors(), common.machine_anchors()
     lines = []
     P = lines.append
     P("# Attention benchmarks")
@@ -283,7 +247,7 @@ def write_report(results, acc, mm, args, lengths, wall) -> str:
     P("Generated by `benchmarks/attention.py` — do not edit by hand; rerun the script.")
     P("")
     P(f"- command: `{args.command_line}`")
-    P(f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+    P(f"- machine: {common.cpu()}, {os.cpu_count()} CPUs, "
       f"torch {torch.__version__}, {args.threads} threads, fp32")
     P(f"- shapes: batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, r = {args.nb_features} "
       f"(elu+1: r = head dim), chunk size {args.chunk_size} for the causal linear path")
@@ -292,19 +256,20 @@ def write_report(results, acc, mm, args, lengths, wall) -> str:
     P(f"- what is timed: feature maps + attention on given q, k, v (no projections); fwd+bwd = "
       "gradient w.r.t. q, k, v; median of up to "
       f"{args.reps} runs after a warm-up; cells are `seconds / peak RSS MiB of the whole process` "
-      "(one process per method and pass, L increasing, ~220 MiB of it is Python + torch)")
+      f"(one process per method and pass, L increasing, ~{machine['torch_rss_mib']} MiB of it is Python + torch)")
     P("- q, k ~ N(0, 1/2) entrywise (logit std 0.5), v ~ N(0, 1)"
       + (f"; total wall time {wall / 60:.1f} min" if wall == wall else ""))
-    P("- the machine is shared: other jobs (two training runs) ran during the measurement, so absolute "
-      "times are inflated and noisy — compare the matmul rate above with the ~340 GFLOP/s of a quiet "
-      "machine, and exact SDPA in this run with its anchor; same-run ratios are the fair comparison")
+    P(f"- load average: {args.load}; other jobs inflate absolute times and make them noisy — compare "
+      f"the matmul rate above with the ~{machine['matmul_gflops']} GFLOP/s of a quiet machine, and exact SDPA "
+      "in this run with its anchor; same-run ratios are the fair comparison")
+    P(f"- anchors (figures measured earlier, with other libraries, not rerun here): {ANCHOR_SOURCE}, "
+      "where their provenance is")
     P("")
     for pass_, title in (("fwdbwd", "Forward + backward"), ("fwd", "Forward only")):
         for mode in ("causal", "bidirectional"):
             P(f"## {title}, {mode}")
             P("")
-            P("| method | " + " | ".join(f"L={L}" for L in lengths) + " |")
-            P("|---|" + "---|" * len(lengths))
+            rows = []
             for method in results:
                 recs = results[method].get((mode, pass_))
                 if recs is None:
@@ -312,15 +277,15 @@ def write_report(results, acc, mm, args, lengths, wall) -> str:
                 label = LABELS.get(method, method)
                 if method == "pp" and mode == "causal":
                     label += " (CPU fallback)"
-                P(f"| {label} | " + " | ".join(fmt_cell(recs.get(L)) for L in lengths) + " |")
+                rows.append([label, *(fmt_cell(recs.get(L)) for L in lengths)])
+            lines += common.md_table(["method", *(f"L={L}" for L in lengths)], rows)
             P("")
-    P("## Anchors (measured earlier on this machine, cited from anchors.md, not rerun here)")
+    P(f"## Anchors (measured earlier, cited from {ANCHOR_SOURCE}, not rerun here)")
     P("")
-    alen = [1024, 4096, 8192, 16384]
-    P("| method | mode | " + " | ".join(f"L={L}" for L in alen) + " |")
-    P("|---|---|" + "---|" * len(alen))
-    for (m, mode), row in ANCHORS.items():
-        P(f"| {m} | {mode} | " + " | ".join(f"{row[L][0]} / {row[L][1]}" for L in alen) + " |")
+    alen = sorted({L for row in anchors.values() for L in row})
+    lines += common.md_table(["method", "mode", *(f"L={L}" for L in alen)],
+                             [[m, mode, *(f"{row[L][0]} / {row[L][1]}" if L in row else "—" for L in alen)]
+                              for (m, mode), row in anchors.items()])
     P("")
     P("## Goals")
     P("")
@@ -331,35 +296,39 @@ def write_report(results, acc, mm, args, lengths, wall) -> str:
     def get(method, mode, L, pass_="fwdbwd"):
         rec = results.get(method, {}).get((mode, pass_), {}).get(L)
         return rec if rec and "time" in rec else None
+    def anchor(key, mode):  # seconds per fwd+bwd step at L=8192
+        return anchors[(key, mode)][8192][0]
     fp = get("softmax", "causal", 8192)
     ex = get("exact", "causal", 8192)
-    load = ex["time"] / 1.40 if ex else None  # how much slower than when the anchors were measured
+    ex_a, ppft_a = anchor("exact", "causal"), anchor("pp+ft-kernel", "causal")
+    load = ex["time"] / ex_a if ex else None  # how much slower than when the anchors were measured
     if load:
-        P(f"- load factor of this run: exact causal SDPA at L=8192 took {ex['time']:.2f} s here vs 1.40 s "
+        P(f"- load factor of this run: exact causal SDPA at L=8192 took {ex['time']:.2f} s here vs {ex_a:.2f} s "
           f"in the anchors, i.e. **{load:.1f}×** slower; 'normalized' figures below divide by it "
           "(a rough estimate of a quiet machine, not a measurement)")
     if fp:
         P(f"- causal FAVOR+ fwd+bwd at L=8192: **{fp['time']:.3f} s** {best(fp)}"
           + (f"; {ex['time'] / fp['time']:.1f}× faster than exact causal SDPA in the same run" if ex else "")
-          + f"; vs the anchors: exact SDPA 1.40 s, performer-pytorch + fast-transformers kernel 1.84 s "
-          f"(goal: faster than the first, ≥ 5× faster than the second)"
-          + (f"; normalized {fp['time'] / load:.2f} s = {1.84 * load / fp['time']:.1f}× faster than 1.84 s"
-             if load else ""))
+          + f"; vs the anchors: exact SDPA {ex_a:.2f} s, performer-pytorch + fast-transformers kernel "
+          f"{ppft_a:.2f} s (goal: faster than the first, ≥ 5× faster than the second)"
+          + (f"; normalized {fp['time'] / load:.2f} s = {ppft_a * load / fp['time']:.1f}× faster than "
+             f"{ppft_a:.2f} s" if load else ""))
     el = get("elu", "causal", 8192)
     if el:
         P(f"- causal elu+1 (r=64) fwd+bwd at L=8192: **{el['time']:.3f} s** {best(el)} "
-          f"vs fast-transformers' compiled kernel anchor 0.341 s (goal: at least as fast)"
+          f"vs fast-transformers' compiled kernel anchor {anchor('ft elu+1', 'causal'):.3f} s (goal: at least as fast)"
           + (f"; normalized {el['time'] / load:.2f} s" if load else ""))
     for method in ("softmax", "elu"):
         a, b = get(method, "causal", 8192), get(method, "causal", 16384)
         if a and b:
             P(f"- peak memory, causal {LABELS[method]}, L=16384 vs 8192: {b['rss_mib']:.0f} / {a['rss_mib']:.0f} MiB"
-              f" = **{b['rss_mib'] / a['rss_mib']:.2f}×** (goal ≤ 2.1×; RSS includes ~220 MiB of torch)")
+              f" = **{b['rss_mib'] / a['rss_mib']:.2f}×** (goal ≤ 2.1×; RSS includes "
+              f"~{machine['torch_rss_mib']} MiB of torch)")
     bd = get("softmax", "bidirectional", 8192)
     if bd:
         gf = favor_bidir_flops(8192, args) / bd["time"] / 1e9
         pp = get("pp", "bidirectional", 8192)
-        ppt = pp["time"] if pp else 0.914
+        ppt = pp["time"] if pp else anchor("pp", "bidirectional")
         src = "measured in this run" if pp else "anchor"
         P(f"- bidirectional FAVOR+ fwd+bwd at L=8192: **{bd['time']:.3f} s** vs performer-pytorch {ppt:.3f} s "
           f"({src}; {ppt / bd['time']:.1f}× faster, goal ≥ 3×); nominal matmul work {gf:.0f} GFLOP/s = "
@@ -379,11 +348,9 @@ def write_report(results, acc, mm, args, lengths, wall) -> str:
                               (("softmax", "favor++", "trig", "pp") if acc["pp"] else ("softmax", "favor++", "trig"))]
         names = {"softmax": "FAVOR+", "favor++": "FAVOR++", "trig": "trig", "pp": "perf-pytorch"}
         header = ["uniform"] + [f"{names[c.split('/')[0]]} r={c.split('/')[1]}" for c in cols[1:]]
-        P("| logit std | " + " | ".join(header) + " |")
-        P("|---|" + "---|" * len(cols))
-        for row in acc["rows"]:
-            P(f"| {row['std']} | " + " | ".join(f"{row[c]:.3f}" if row[c] < 100 else f"{row[c]:.1e}"
-                                               for c in cols) + " |")
+        lines += common.md_table(["logit std", *header],
+                                 [[row["std"], *(f"{row[c]:.3f}" if row[c] < 100 else f"{row[c]:.1e}" for c in cols)]
+                                  for row in acc["rows"]])
         P("")
         wins = [(row["std"], r) for row in acc["rows"] for r in acc["features"]
                 if row[f"favor++/{r}"] < row[f"softmax/{r}"]]
@@ -435,7 +402,7 @@ def plot(results, acc, lengths, out_png: Path, out_acc: Path) -> None:
             style = "--" if method in ("exact", "pp") else "-"
             axes[0, j].plot(Ls, [recs[L]["time"] for L in Ls], style, marker="o", label=LABELS.get(method, method))
             axes[1, j].plot(Ls, [recs[L]["rss_mib"] for L in Ls], style, marker="o", label=LABELS.get(method, method))
-        for (m, amode), row in ANCHORS.items():
+        for (m, amode), row in load_anchors().items():
             if amode == mode and m.startswith(("ft", "pp+")):
                 Ls = sorted(row)
                 axes[0, j].plot(Ls, [row[L][0] for L in Ls], ":", marker="x", label=f"{m} (anchor)")
@@ -527,7 +494,7 @@ def main() -> None:
                     help="rebuild the report and plots from the saved stdout of an earlier run")
     ap.add_argument("--acc-draws", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--original-command", type=str, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--out", type=Path, default=common.DOCS / "benchmarks.md")
     # worker mode (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--method", type=str, help=argparse.SUPPRESS)
@@ -538,12 +505,13 @@ def main() -> None:
         args.lengths = [int(x) for x in args.lengths.split(",")]
         worker(args)
         return
-    args.command_line = "python benchmarks/attention.py " + " ".join(sys.argv[1:])
+    args.command_line = common.command_line(__file__)
     if args.from_log:
         results, acc, mm, lengths = parse_log(args.from_log, args)
-        args.command_line = args.original_command or "python benchmarks/attention.py"
+        args.command_line = args.original_command or common.command_line(__file__, [])
+        args.load = "not recorded (report rebuilt from a log)"
         report = write_report(results, acc, mm, args, lengths, float("nan"))
-        args.out.write_text(report + "\n")
+        common.write_doc(args.out, report + "\n")
         plot(results, acc, lengths, args.out.with_suffix(".png"), args.out.with_name(args.out.stem + "_approx.png"))
         print(report)
         return
@@ -558,6 +526,7 @@ def main() -> None:
             if importlib.util.find_spec(name) is not None:
                 methods.append(key)
     t_start = time.time()
+    load_start = common.load_average()
     mm = matmul_rate(args.threads)
     print(f"fp32 matmul: {mm['mm2048_gflops']:.0f} GFLOP/s (2048^2), {mm['bmm_gflops']:.0f} GFLOP/s (batched)")
     results: dict = {}
@@ -571,9 +540,9 @@ def main() -> None:
                 results[method][(mode, pass_)] = run_worker(method, mode, pass_, Ls, args)
     acc = None if args.no_accuracy else accuracy_study(args)
     wall = time.time() - t_start
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.load = f"{load_start} at the start, {common.load_average()} at the end"
     report = write_report(results, acc, mm, args, lengths, wall)
-    args.out.write_text(report + "\n")
+    common.write_doc(args.out, report + "\n")
     png = args.out.with_suffix(".png")
     plot(results, acc, lengths, png, args.out.with_name(args.out.stem + "_approx.png"))
     print()

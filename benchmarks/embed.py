@@ -9,23 +9,21 @@ embeds real proteins from the bundled sample in token-budget batches (the usual 
 Models: the default config (conf/model/performer.yaml, FAVOR+) and, for comparison, the
 same size with exact attention (conf/model/transformer.yaml); random weights unless
 ``--ckpt`` (speed does not depend on the weights). The tables are printed and written
-into docs/embeddings.md between the benchmark markers.
+into docs/embeddings.md (or ``--doc``) between the benchmark markers.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
-import resource
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "embeddings.md"
+if not __package__:  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common  # noqa: E402
+
+DOC = common.DOCS / "embeddings.md"
 START, END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
 
 
@@ -33,21 +31,14 @@ def build(model_name: str, ckpt: str | None):
     import torch
     from omegaconf import OmegaConf
 
+    from protein_performer.compare import compose_train_config
     from protein_performer.tasks import ProteinLM, load_checkpoint
     if ckpt and model_name == "performer":
         return load_checkpoint(ckpt)
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{model_name}.yaml"))
-    cfg.pop("name")
+    # the model as scripts/train.py model=NAME builds it (conf/model/NAME.yaml over base.yaml)
+    cfg = OmegaConf.to_container(compose_train_config([f"model={model_name}"]).model)
     torch.manual_seed(0)
     return ProteinLM(model=cfg).eval()
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def child(args) -> None:
@@ -58,41 +49,34 @@ def child(args) -> None:
     from protein_performer import embed as E
     torch.set_num_threads(args.threads)
     model = build(args.model, args.ckpt)
-    before = rss_mib()
+    before = common.rss_mib()
     if args.length:
         rng = np.random.default_rng(0)
         seqs = ["".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), args.length))]
     else:
         from protein_performer.io import read_records
         seqs = []
-        for rec in read_records(ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"):
+        for rec in read_records(common.SAMPLE):
             seqs.append(rec.sequence)
             if len(seqs) == args.n_proteins:
                 break
     residues = sum(len(s) for s in seqs)
-    times = []
-    for i in range(args.repeats + 1):
-        t = time.perf_counter()
-        E.embed_sequences(model, seqs, max_tokens=args.token_budget)
-        if i:  # the first run is a warm-up
-            times.append(time.perf_counter() - t)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    timing = common.measure(lambda: E.embed_sequences(model, seqs, max_tokens=args.token_budget), args.repeats)
     print(json.dumps({"model": args.model, "length": args.length, "proteins": len(seqs), "residues": residues,
-                      "median_s": statistics.median(times), "peak_mib": peak, "model_rss_mib": before}))
+                      "median_s": timing.median, "peak_mib": common.peak_rss_mib(), "model_rss_mib": before}))
 
 
-def run_child(model: str, length: int, a) -> dict | None:
-    cmd = [sys.executable, __file__, "--child", "--model", model, "--length", str(length), "--repeats",
-           str(a.repeats if length <= 4096 or length == 0 else max(1, a.repeats // 2)),
-           "--threads", str(a.threads), "--n-proteins", str(a.n_proteins), "--token-budget", str(a.token_budget)]
+def run_child(model: str, length: int, a) -> dict:
+    cmd = ["--child", "--model", model, "--length", length, "--repeats",
+           a.repeats if length <= 4096 or length == 0 else max(1, a.repeats // 2),
+           "--threads", a.threads, "--n-proteins", a.n_proteins, "--token-budget", a.token_budget]
     if a.ckpt:
         cmd += ["--ckpt", a.ckpt]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"{model} L={length}: failed ({last})", file=sys.stderr)
-        return {"model": model, "length": length, "failed": last}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    child = common.run_child(__file__, cmd)
+    if not child.ok or not child.records:
+        print(f"{model} L={length}: failed ({child.reason})", file=sys.stderr)
+        return {"model": model, "length": length, "failed": child.reason}
+    return child.records[-1]
 
 
 def main() -> None:
@@ -104,7 +88,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-proteins", type=int, default=200)
     p.add_argument("--token-budget", type=int, default=16384)
-    p.add_argument("--no-doc", action="store_true", help="print only; do not update docs/embeddings.md")
+    p.add_argument("--doc", type=Path, default=DOC,
+                   help="markdown file whose benchmark markers receive the tables (default docs/embeddings.md)")
+    p.add_argument("--no-doc", action="store_true", help="print only; do not update the doc")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", default="performer", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, default=0, help=argparse.SUPPRESS)
@@ -114,45 +100,35 @@ def main() -> None:
 
     rows = [run_child(m, L, a) for L in a.lengths for m in a.models]
     batch = [run_child(m, 0, a) for m in a.models]
-    import platform
-
     import torch
-    lines = [f"CPU: {platform.processor() or platform.machine()}, {a.threads} threads, torch {torch.__version__}, "
+    lines = [f"CPU: {common.cpu()}, {a.threads} threads, torch {torch.__version__}, "
              f"fp32, batch of one protein, mean of the last layer; median of {a.repeats} runs "
              f"({max(1, a.repeats // 2)} above 4,096) after a warm-up; peak = the process's peak RSS "
-             f"(model and torch included), model = RSS after loading the model.",
-             "", "| model | L | seconds | residues/s | peak MiB | model MiB | peak − model MiB |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "failed" in r:
-            lines.append(f"| {r['model']} | {r['length']} | failed: {r['failed'][:60]} | | | | |")
-            continue
-        lines.append(f"| {r['model']} | {r['length']:,} | {r['median_s']:.3f} | {r['residues'] / r['median_s']:,.0f} "
-                     f"| {r['peak_mib']:.0f} | {r['model_rss_mib']:.0f} | {r['peak_mib'] - r['model_rss_mib']:.0f} |")
+             f"(model and torch included), model = RSS after loading the model.", ""]
+    lines += common.md_table(
+        ["model", "L", "seconds", "residues/s", "peak MiB", "model MiB", "peak − model MiB"],
+        [[r["model"], r["length"], f"failed: {r['failed'][:60]}", "", "", "", ""] if "failed" in r else
+         [r["model"], f"{r['length']:,}", f"{r['median_s']:.3f}", f"{r['residues'] / r['median_s']:,.0f}",
+          f"{r['peak_mib']:.0f}", f"{r['model_rss_mib']:.0f}", f"{r['peak_mib'] - r['model_rss_mib']:.0f}"]
+         for r in rows])
     perf = {r["length"]: r for r in rows if r.get("model") == "performer" and "failed" not in r}
     exact = {r["length"]: r for r in rows if r.get("model") == "transformer" and "failed" not in r}
-    common = sorted(set(perf) & set(exact))
-    if common:
+    both = sorted(set(perf) & set(exact))
+    if both:
         lines += ["", "Time ratio exact / FAVOR+ (same size): " + ", ".join(
-            f"L={L:,}: {exact[L]['median_s'] / perf[L]['median_s']:.2f}" for L in common)]
+            f"L={L:,}: {exact[L]['median_s'] / perf[L]['median_s']:.2f}" for L in both)]
     lines += ["", f"Real proteins: the first {a.n_proteins} of the bundled Swiss-Prot sample, token budget "
-              f"{a.token_budget:,}, sorted-by-length batches:", "",
-              "| model | proteins | residues | seconds | residues/s | peak MiB |", "|---|---|---|---|---|---|"]
-    for r in batch:
-        if "failed" in r:
-            lines.append(f"| {r['model']} | failed: {r['failed'][:60]} | | | | |")
-            continue
-        lines.append(f"| {r['model']} | {r['proteins']} | {r['residues']:,} | {r['median_s']:.2f} | "
-                     f"{r['residues'] / r['median_s']:,.0f} | {r['peak_mib']:.0f} |")
+              f"{a.token_budget:,}, sorted-by-length batches:", ""]
+    lines += common.md_table(
+        ["model", "proteins", "residues", "seconds", "residues/s", "peak MiB"],
+        [[r["model"], f"failed: {r['failed'][:60]}", "", "", "", ""] if "failed" in r else
+         [r["model"], r["proteins"], f"{r['residues']:,}", f"{r['median_s']:.2f}",
+          f"{r['residues'] / r['median_s']:,.0f}", f"{r['peak_mib']:.0f}"]
+         for r in batch])
     table = "\n".join(lines)
     print(table)
-    if not a.no_doc and DOC.exists():
-        text = DOC.read_text()
-        if START in text and END in text:
-            text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{table}\n{END}", text,
-                          flags=re.S)
-            DOC.write_text(text)
-            print(f"\nwritten into {DOC}")
+    if not a.no_doc and common.write_between(a.doc, START, END, table):
+        print(f"\nwritten into {a.doc}")
 
 
 if __name__ == "__main__":

@@ -29,15 +29,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
+if not __package__:  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common  # noqa: E402
 from protein_performer.generate import sample_next  # noqa: E402
 from protein_performer.model import PerformerLM  # noqa: E402
 from protein_performer.tokenizer import Tokenizer  # noqa: E402
@@ -138,12 +138,12 @@ def bench_kv(args) -> dict:
         token = torch.tensor([TOK.aa_offset])
         state = kv_state_at(model, p)
         one_step(model, token, state, gen)  # warm-up at this size (state discarded)
-        ts = []
-        for _ in range(args.kv_steps):
-            t0 = time.perf_counter()
+
+        def step():
+            nonlocal token, state
             token, state = one_step(model, token, state, gen)
-            ts.append(time.perf_counter() - t0)
-        out[p] = {"time": statistics.median(ts), "state": state_bytes(kv_state_at(model, p + 1))}
+        out[p] = {"time": common.measure(step, args.kv_steps, warmup=0).median,
+                  "state": state_bytes(kv_state_at(model, p + 1))}
     return out
 
 
@@ -155,32 +155,12 @@ def bench_naive(args) -> dict:
     for p in args.positions:
         tokens = torch.randint(TOK.aa_offset, TOK.vocab_size, (1, p), generator=gen)
         model(tokens[:, : min(p, 64)])  # warm-up
-        ts = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            logits = model(tokens)[:, -1]
-            sample_next(logits, 1.0, 0, 1.0, gen)
-            ts.append(time.perf_counter() - t0)
-        out[p] = {"time": statistics.median(ts), "state": p * 8}
+        timing = common.measure(lambda: sample_next(model(tokens)[:, -1], 1.0, 0, 1.0, gen), args.repeats, warmup=0)
+        out[p] = {"time": timing.median, "state": p * 8}
     return out
 
 
 # --- peak memory in a child process --------------------------------------------------------------------
-def _proc_status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    """Reset the peak resident memory (VmHWM) to the current one (Linux clear_refs 5); returns it."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _proc_status("VmRSS")
-
-
 @torch.no_grad()
 def child(mode: str, p: int, args) -> None:
     model = build("exact" if mode == "kv" else "softmax", args)
@@ -189,7 +169,7 @@ def child(mode: str, p: int, args) -> None:
     if mode == "naive":
         tokens = torch.randint(TOK.aa_offset, TOK.vocab_size, (1, p), generator=gen)
         model(tokens[:, :1])
-        base = _reset_peak()
+        base = common.reset_peak_rss()
         sample_next(model(tokens)[:, -1], 1.0, 0, 1.0, gen)
         extra = 0
     else:
@@ -197,9 +177,9 @@ def child(mode: str, p: int, args) -> None:
         one_step(model, token, make(model, 1), gen)          # warm-up, smallest state
         state = make(model, p)
         extra = state_bytes(state)                          # the carried state counts as this token's memory
-        base = _reset_peak()
+        base = common.reset_peak_rss()
         one_step(model, token, state, gen)
-    print(json.dumps({"peak": _proc_status("VmHWM") - base + extra}))
+    print(json.dumps({"peak": common.proc_memory("VmHWM") - base + extra}))
 
 
 def measure_rss(args) -> dict:
@@ -207,11 +187,12 @@ def measure_rss(args) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     for mode in ("rnn", "naive", "kv"):
         for p in args.positions:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, str(p), "--threads", str(args.threads),
-                   "--dim", str(args.dim), "--depth", str(args.depth), "--heads", str(args.heads),
-                   "--nb-features", str(args.nb_features)]
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-            out[(mode, p)] = json.loads(r.stdout.strip().splitlines()[-1])["peak"]
+            child = common.run_child(__file__, ["--child", mode, p, "--threads", args.threads, "--dim", args.dim,
+                                                "--depth", args.depth, "--heads", args.heads,
+                                                "--nb-features", args.nb_features], env=env)
+            if not child.ok or not child.records:
+                raise RuntimeError(f"peak RSS of {mode} at p={p}: the child failed: {child.reason}")
+            out[(mode, p)] = child.records[-1]["peak"]
             print(f"  peak RSS {mode:5s} p={p:6d}: {out[(mode, p)] / 2**20:8.2f} MiB", flush=True)
     return out
 
@@ -255,16 +236,17 @@ def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
              f"{args.kv_steps} decoding steps.",
              "* **state**: bytes carried from one token to the next (exact; for naive, the token ids). "
              "**peak**: growth of the peak resident memory (VmHWM) of a fresh process while it does that one "
-             "token's work, plus the state carried in, MiB (page/allocator granularity, ~0.1-1 MiB noise).", "",
-             "| position | rnn interleaved ms/tok | rnn ms/tok | rnn tok/s | naive ms/tok | naive tok/s | kv ms/tok | kv tok/s | "
-             "naive / rnn | kv / rnn | rnn state MiB | kv state MiB | rnn peak MiB | naive peak MiB | kv peak MiB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "token's work, plus the state carried in, MiB (page/allocator granularity, ~0.1-1 MiB noise).", ""]
+    rows = []
     for p in P:
         r, n, k = rnn[p]["time"], naive[p]["time"], kv[p]["time"]
-        peak = [mib(rss[(m, p)]) if rss else "-" for m in ("rnn", "naive", "kv")]
-        lines.append(f"| {p} | {rnn[p]['interleaved'] * 1e3:.3f} | {r * 1e3:.3f} | {1 / r:.0f} | {n * 1e3:.3f} | {1 / n:.1f} | {k * 1e3:.3f} | "
-                     f"{1 / k:.0f} | {n / r:.1f}x | {k / r:.2f}x | {mib(rnn[p]['state'])} | {mib(kv[p]['state'])} | "
-                     + " | ".join(peak) + " |")
+        rows.append([p, f"{rnn[p]['interleaved'] * 1e3:.3f}", f"{r * 1e3:.3f}", f"{1 / r:.0f}", f"{n * 1e3:.3f}",
+                     f"{1 / n:.1f}", f"{k * 1e3:.3f}", f"{1 / k:.0f}", f"{n / r:.1f}x", f"{k / r:.2f}x",
+                     mib(rnn[p]["state"]), mib(kv[p]["state"]),
+                     *(mib(rss[(m, p)]) if rss else "-" for m in ("rnn", "naive", "kv"))])
+    lines += common.md_table(["position", "rnn interleaved ms/tok", "rnn ms/tok", "rnn tok/s", "naive ms/tok",
+                              "naive tok/s", "kv ms/tok", "kv tok/s", "naive / rnn", "kv / rnn", "rnn state MiB",
+                              "kv state MiB", "rnn peak MiB", "naive peak MiB", "kv peak MiB"], rows, align="---:")
     overall = statistics.median(rnn_times)
     lines += ["", f"**RNN mode, time per token at position {P[-1]} / at position 16: {iratio:.2f}x interleaved, "
               f"{ratio:.2f}x in the single run** (done when <= 1.5x). Median over all {len(rnn_times)} RNN steps: {overall * 1e3:.3f} ms/token "
@@ -273,13 +255,12 @@ def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
               f"At position {P[-1]}, re-running the prefix costs {naive[P[-1]]['time'] / rnn[P[-1]]['time']:.0f}x "
               f"the RNN step and the KV cache {kv[P[-1]]['time'] / rnn[P[-1]]['time']:.1f}x; the KV cache holds "
               f"{mib(kv[P[-1]]['state'])} MiB against the RNN's constant {mib(rnn[P[-1]]['state'])} MiB.", "",
-              "Caveat: timings come from a shared machine (other jobs running); the RNN figures are medians of "
+              f"Caveat: the machine may be shared (load average {args.load_start} at the start, "
+              f"{common.load_average()} at the end of the run); the RNN figures are medians of "
               "windows so that single slow steps do not move them.", "",
               "![time and memory per token against position](generation.png)", ""]
     text = "\n".join(lines)
-    os.makedirs(os.path.dirname(args.out_md), exist_ok=True)
-    with open(args.out_md, "w") as f:
-        f.write(text)
+    common.write_doc(args.out_md, text)
     plot(args, rnn, naive, kv, rss, rnn_times)
     return text
 
@@ -328,8 +309,8 @@ def main():
     ap.add_argument("--kv-steps", type=int, default=9, help="steps per KV-cache measurement")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rss", action="store_true", help="also measure peak RSS in child processes")
-    ap.add_argument("--out-md", default=os.path.join(REPO, "docs", "generation.md"))
-    ap.add_argument("--out-png", default=os.path.join(REPO, "docs", "generation.png"))
+    ap.add_argument("--out-md", default=str(common.DOCS / "generation.md"))
+    ap.add_argument("--out-png", default=str(common.DOCS / "generation.png"))
     ap.add_argument("--child", nargs=2, metavar=("MODE", "POS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -338,8 +319,8 @@ def main():
         return
     args.positions = sorted(set(args.positions))
     args.max_pos = args.positions[-1]
-    cmd = "flock /tmp/heavy.lock nice python benchmarks/generation.py" + " ".join(
-        [""] + [a for a in sys.argv[1:]])
+    cmd = common.command_line(__file__, prefix="flock /tmp/heavy.lock nice python")
+    args.load_start = common.load_average()
     t0 = time.time()
     print(f"rnn: generating {args.max_pos} tokens ...", flush=True)
     rnn, rnn_times = bench_rnn(args)

@@ -23,15 +23,14 @@ import json
 import os
 import platform
 import resource
-import statistics
-import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common  # noqa: E402
 
 PP = "performer-pytorch"
 KERNELS = ["softmax", "favor++", "relu", "elu", "exact", PP]
@@ -41,9 +40,6 @@ SHAPES, QUICK_SHAPES = "8x1024,1x8192,1x16384", "2x256,1x1024"
 WORKER_STARTUP_S = 60  # importing torch and building the model, on top of the per-step budget
 MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features": 256}
 WORKER_OPTIONS = ("threads", "steps", "max_seconds", "max_mib", *MODEL_OPTIONS)
-
-
-KEEP_BELOW = "<!-- end of generated part: text below this line is kept when the benchmark rewrites the file -->"
 
 
 def parse_shape(shape: str) -> tuple[int, int]:
@@ -57,17 +53,10 @@ def n_tokens(shape: str) -> int:
 
 
 # ----------------------------------------------------------------------------- worker side
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB (VmHWM, as in attention.py)."""
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
-
-
 def cap_address_space(max_mib: int) -> None:
     """Let the process grow by at most ``max_mib`` from here, so that an oversized configuration
     fails with an allocation error instead of sending a shared machine into the OOM killer."""
-    with open("/proc/self/status") as fh:
-        vm_bytes = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:")) * 1024
+    vm_bytes = common.proc_memory("VmSize")
     resource.setrlimit(resource.RLIMIT_AS, (vm_bytes + max_mib * 2 ** 20, resource.RLIM_INFINITY))
 
 
@@ -129,43 +118,34 @@ def worker(args) -> None:
         optimizer.step()
 
     cap_address_space(args.max_mib)
-    step_seconds = []
     try:
-        for _ in range(1 + args.steps):  # warm-up, then the timed steps
-            start = time.perf_counter()
-            train_step()
-            step_seconds.append(time.perf_counter() - start)
-            if step_seconds[-1] > args.max_seconds:
-                print(json.dumps(record | {"status": "timeout", "reason": f"a step took {step_seconds[-1]:.0f} s "
-                                           f"> --max-seconds {args.max_seconds:.0f}"}))
-                return
+        timing = common.measure(train_step, args.steps, warmup=1, limit_s=args.max_seconds)
+    except common.TooSlow as e:
+        print(json.dumps(record | {"status": "timeout", "reason": f"a step took {e.seconds[-1]:.0f} s "
+                                   f"> --max-seconds {args.max_seconds:.0f}"}))
+        return
     except (RuntimeError, MemoryError) as e:
         out_of_memory = isinstance(e, MemoryError) or "alloc" in str(e)
         print(json.dumps(record | {"status": "out of memory" if out_of_memory else "error",
                                    "reason": f"over --max-mib {args.max_mib}" if out_of_memory else str(e)[:200]}))
         return
-    seconds = statistics.median(step_seconds[1:])
-    print(json.dumps(record | {"status": "ok", "seconds": seconds, "step_seconds": step_seconds,
-                               "tokens_per_s": batch * length / seconds, "rss_mib": peak_rss_mib()}))
+    print(json.dumps(record | {"status": "ok", "seconds": timing.median, "step_seconds": timing.all,
+                               "tokens_per_s": batch * length / timing.median, "rss_mib": common.peak_rss_mib()}))
 
 
 # ----------------------------------------------------------------------------- driver side
 def run_config(kernel: str, mode: str, shape: str, args) -> dict:
     record = {"kernel": kernel, "mode": mode, "shape": shape}
-    cmd = [sys.executable, __file__, "--worker", "--kernel", kernel, "--mode", mode, "--shape", shape]
+    cmd = ["--worker", "--kernel", kernel, "--mode", mode, "--shape", shape]
     for option in WORKER_OPTIONS:
         cmd += ["--" + option.replace("_", "-"), str(getattr(args, option))]
     cmd += ["--compile"] if args.compile else []
-    wall_limit = WORKER_STARTUP_S + (1 + args.steps) * args.max_seconds
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=wall_limit)
-    except subprocess.TimeoutExpired:
-        return record | {"status": "timeout", "reason": f"worker killed after {wall_limit:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    stderr_lines = proc.stderr.strip().splitlines()
-    return record | {"status": "error", "reason": stderr_lines[-1] if stderr_lines else f"exit {proc.returncode}"}
+    child = common.run_child(__file__, cmd, timeout=WORKER_STARTUP_S + (1 + args.steps) * args.max_seconds)
+    if child.timed_out:
+        return record | {"status": "timeout", "reason": f"worker {child.reason}"}
+    if child.records:
+        return child.records[-1]
+    return record | {"status": "error", "reason": child.reason}
 
 
 def skip_reason(kernel: str, mode: str, shape: str, done: list[dict], args) -> str | None:
@@ -245,6 +225,7 @@ def write_report(results: list[dict], meta: dict, png_name: str) -> str:
     params = {r["kernel"]: r["params"] for r in results if "params" in r}
     notes = sorted({f"{LABELS[r['kernel']]}: {r['note']}" for r in results if r.get("note")})
     chunk_sizes = ", ".join(sorted({str(r["chunk_size"]) for r in results if r.get("chunk_size")}))
+    torch_mib = common.machine_anchors()["torch_rss_mib"]
     lines = ["# Training-step benchmark", "",
              "Generated by `benchmarks/training.py`; rerun it (or `--from-json`) instead of editing.", "",
              f"- command: `{meta['command']}`",
@@ -256,7 +237,8 @@ def write_report(results: list[dict], meta: dict, png_name: str) -> str:
              "- parameters: " + ", ".join(f"{LABELS[k]} {n / 1e6:.2f} M" for k, n in params.items()),
              f"- one step = forward + cross entropy over all positions + backward + AdamW step on random residue "
              f"tokens; 1 warm-up step, then the median of {meta['steps']}; cells are `tokens/s (s/step, peak RSS "
-             f"MiB)`, the RSS of a process running only that configuration (~220 MiB of it is Python + torch)",
+             f"MiB)`, the RSS of a process running only that configuration (~{torch_mib} MiB of it is Python + "
+             "torch: docs/anchors.md)",
              f"- limits: a step over {meta['max_seconds']:.0f} s is a timeout, growth over {meta['max_mib']} MiB "
              "is out of memory (the worker's address space is capped); larger shapes after a failure, or "
              "predicted over the time limit, are skipped"]
@@ -266,10 +248,10 @@ def write_report(results: list[dict], meta: dict, png_name: str) -> str:
                      "keeping a d x r state per position for backward; fast-transformers' kernel needs CUDA)")
     lines += [f"- note: {note}" for note in notes] + [""]
     for mode in meta["modes"]:
-        lines += [f"## {mode.capitalize()}", "", "| kernel | " + " | ".join(meta["shapes"]) + " |",
-                  "|---|" + "---|" * len(meta["shapes"])]
-        lines += [f"| {LABELS[k]} | " + " | ".join(cell(lookup.get((k, mode, s))) for s in meta["shapes"]) + " |"
-                  for k in meta["kernels"]]
+        lines += [f"## {mode.capitalize()}", ""]
+        lines += common.md_table(["kernel", *meta["shapes"]],
+                                 [[LABELS[k], *(cell(lookup.get((k, mode, s))) for s in meta["shapes"])]
+                                  for k in meta["kernels"]])
         lines.append("")
     failures = [r for r in results if r["status"] != "ok"]
     if failures:
@@ -277,10 +259,11 @@ def write_report(results: list[dict], meta: dict, png_name: str) -> str:
         lines += [f"- {r['mode']} {LABELS[r['kernel']]} {r['shape']}: {r['status']} ({r.get('reason', '')})"
                   for r in failures]
         lines.append("")
-    lines += ["## Ratios (same run)", "", "| ratio | measured | goal | |", "|---|---|---|---|"]
-    for what, value, goal in goal_checks(lookup, meta):
-        verdict = "not measured" if value is None else ("met" if value >= goal else "NOT met")
-        lines.append(f"| {what} | {'—' if value is None else f'{value:.2f}x'} | >= {goal}x | {verdict} |")
+    lines += ["## Ratios (same run)", ""]
+    lines += common.md_table(["ratio", "measured", "goal", ""],
+                             [[what, "—" if value is None else f"{value:.2f}x", f">= {goal}x",
+                               "not measured" if value is None else ("met" if value >= goal else "NOT met")]
+                              for what, value, goal in goal_checks(lookup, meta)])
     lines += ["", f"![tokens/s per kernel]({png_name})", ""]
     return "\n".join(lines)
 
@@ -342,13 +325,13 @@ def main() -> None:
         out = args.out or args.from_json.with_suffix(".md")
     else:
         out = args.out or (Path("/tmp/benchmarks_training_quick/benchmarks_training.md") if args.quick
-                           else ROOT / "docs" / "benchmarks_training.md")
+                           else common.DOCS / "benchmarks_training.md")
         args.shapes = (args.shapes or (QUICK_SHAPES if args.quick else SHAPES)).split(",")
         args.kernels, args.modes = args.kernels.split(","), args.modes.split(",")
         unknown = set(args.kernels) - set(KERNELS)
         if unknown:
             ap.error(f"unknown kernels {sorted(unknown)}; choose from {','.join(KERNELS)}")
-        meta = {"command": "python benchmarks/training.py " + " ".join(sys.argv[1:]),
+        meta = {"command": common.command_line(__file__),
                 "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
                 "machine": f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs",
                 "torch": importlib.metadata.version("torch"), "kernels": args.kernels, "modes": args.modes,
@@ -361,9 +344,7 @@ def main() -> None:
     if not args.from_json:
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     report = write_report(results, meta, out.with_suffix(".png").name)
-    # hand-written analysis below the marker survives a rerun
-    kept = out.read_text().split(KEEP_BELOW, 1)[1] if out.is_file() and KEEP_BELOW in out.read_text() else "\n"
-    out.write_text(report + "\n\n" + KEEP_BELOW + kept)
+    common.write_doc(out, report, keep_below=True)  # hand-written analysis below the marker survives a rerun
     plot(results, meta, out.with_suffix(".png"))
     print("\n" + report)
     print(f"wrote {out}, {out.with_suffix('.png').name}" + ("" if args.from_json else ", and .json beside it"))
