@@ -30,8 +30,9 @@ def build_logger(cfg: DictConfig):
     kwargs.pop("log_model", None)
     if "WandbLogger" in kwargs["_target_"]:
         os.environ.setdefault("WANDB_SILENT", "true")
-        if kwargs.get("offline", True):
-            os.environ["WANDB_MODE"] = "offline"  # never a login prompt
+        if kwargs.get("offline", True):  # never a login prompt; the argument too, as wandb reads
+            os.environ["WANDB_MODE"] = "offline"  # the environment once per process
+            kwargs["mode"] = "offline"
     logger = hydra.utils.instantiate(kwargs)
     init = getattr(logger, "_wandb_init", {})
     if init.get("anonymous", 0) is None:  # Lightning passes anonymous=None, which wandb warns about
