@@ -48,7 +48,7 @@ def evaluate(cfg: DictConfig) -> None:
     from .evaluate import evaluate as evaluate_files, format_table
     _require(cfg, "ckpt", example="ckpt=CHECKPOINT [data.path=FILE] [output_dir=DIR]")
     ckpt = OmegaConf.to_container(cfg.ckpt) if OmegaConf.is_list(cfg.ckpt) else cfg.ckpt
-    results = evaluate_files(ckpt, cfg.data.path, cfg.output_dir, names=cfg.names, fmt=cfg.data.format,
+    results = evaluate_files(ckpt, cfg.data.path, cfg.output_dir, names=cfg.names, format=cfg.data.format,
                              max_records=cfg.data.max_records, unknown=cfg.data.unknown,
                              on_invalid=cfg.data.on_invalid, seed=cfg.seed, mask_prob=cfg.mask_prob,
                              max_tokens=cfg.max_tokens, batch_size=cfg.batch_size, window=cfg.window,

@@ -453,9 +453,9 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
         lengths.append(len(e.tokens))
     if not ids:
         raise UserError(f"{input}: no sequences to embed (skipped: {skipped_text(stats)})")
-    fmt = format or ("tsv" if str(input).lower().removesuffix(".gz").endswith(".tsv") else "csv"
+    format = format or ("tsv" if str(input).lower().removesuffix(".gz").endswith(".tsv") else "csv"
                      if is_csv(input) else detect_format(input))
-    identity = {"checkpoint_sha256": weights_sha256(loaded.net), "input_sha256": file_sha256(input), "format": fmt,
+    identity = {"checkpoint_sha256": weights_sha256(loaded.net), "input_sha256": file_sha256(input), "format": format,
                 "unknown": unknown, "layers": emb.layers, "pooling": emb.pooling, "per_residue": bool(per_residue),
                 "precision": str(emb.dtype).removeprefix("torch."), "dim": int(loaded.net.embed.embedding_dim)}
     attrs = {"checkpoint": loaded.source, "input": str(input), "kernel": loaded.kernel or ""}

@@ -81,12 +81,12 @@ class Protein:
 
 
 # --- input ----------------------------------------------------------------------------
-def load_proteins(path: str | Path, fmt: str | None = None, max_records: int | None = None,
+def load_proteins(path: str | Path, format: str | None = None, max_records: int | None = None,
                   unknown: str = "error", on_invalid: str = "error") -> list[Protein]:
     """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped) under the one
     invalid-record policy of :func:`protein_performer.inference.read_sequences`."""
     stats: dict = {}
-    entries = read_sequences(path, fmt, unknown=unknown, on_invalid=on_invalid, stats=stats)
+    entries = read_sequences(path, format, unknown=unknown, on_invalid=on_invalid, stats=stats)
     proteins = [Protein(e.id, e.tokens) for e in itertools.islice(entries, max_records)]
     if any(stats.values()):
         log.warning("%s: skipped %s", path, skipped_text(stats))
@@ -319,7 +319,7 @@ def _log_wandb(results: dict[str, dict], png: Path) -> None:
 
 
 def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str | Path, *,
-             names: Sequence[str] | None = None, fmt: str | None = None, max_records: int | None = None,
+             names: Sequence[str] | None = None, format: str | None = None, max_records: int | None = None,
              unknown: str = "error", on_invalid: str = "error", **kwargs) -> dict[str, dict]:
     """Evaluate one or several checkpoints on one file; write ``metrics.json``, ``metrics.csv``
     and ``metrics.png`` into ``output_dir``. With one checkpoint ``metrics.json`` holds its
@@ -332,7 +332,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
         if not Path(p).exists():
             raise FileNotFoundError(f"checkpoint {p}: no such file")
     labels = _unique_names(paths, names)
-    proteins = load_proteins(data_path, fmt, max_records, unknown, on_invalid)
+    proteins = load_proteins(data_path, format, max_records, unknown, on_invalid)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
         m = evaluate_model(load_model(path), proteins, desc=name, **kwargs)

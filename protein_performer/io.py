@@ -180,11 +180,11 @@ def read_uniprot(path: str | Path, *, skip_empty: bool = False, stats: dict | No
         raise ParseError(f"{path}: record {entry[1]!r} (line {entry[0]}) is truncated: end of file before '//'")
 
 
-def read_records(path: str | Path, fmt: str | None = None, **kw) -> Iterator[Record]:
+def read_records(path: str | Path, format: str | None = None, **kw) -> Iterator[Record]:
     """Stream records from FASTA or UniProt flat file (format detected unless given)."""
-    fmt = fmt or detect_format(path)
-    if fmt == "fasta":
+    format = format or detect_format(path)
+    if format == "fasta":
         return read_fasta(path, **kw)
-    if fmt in ("uniprot", "dat", "swiss"):
+    if format in ("uniprot", "dat", "swiss"):
         return read_uniprot(path, **kw)
-    raise UserError(f"unknown format {fmt!r} (expected 'fasta' or 'uniprot')")
+    raise UserError(f"unknown format {format!r} (expected 'fasta' or 'uniprot')")

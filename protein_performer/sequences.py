@@ -53,14 +53,14 @@ def sequence_id(sequence: str) -> str:
     return "seq_" + hashlib.sha1(seq.encode()).hexdigest()[:16]
 
 
-def is_csv(path: str | Path, fmt: str | None = None) -> bool:
-    return fmt in ("csv", "tsv") or (fmt is None and str(path).lower().removesuffix(".gz").endswith(CSV_SUFFIXES))
+def is_csv(path: str | Path, format: str | None = None) -> bool:
+    return format in ("csv", "tsv") or (format is None and str(path).lower().removesuffix(".gz").endswith(CSV_SUFFIXES))
 
 
-def _csv_rows(path: str | Path, fmt: str | None) -> Iterator[tuple[str, str, str]]:
+def _csv_rows(path: str | Path, format: str | None) -> Iterator[tuple[str, str, str]]:
     """(id, sequence, where) from a CSV/TSV with a ``seq`` (or ``sequence``) column and
     optionally ``id``; without ids, :func:`sequence_id` names each sequence."""
-    tsv = fmt == "tsv" or (fmt is None and str(path).lower().removesuffix(".gz").endswith(".tsv"))
+    tsv = format == "tsv" or (format is None and str(path).lower().removesuffix(".gz").endswith(".tsv"))
     reader = csv.reader((line for _, line in _lines(path)), delimiter="\t" if tsv else ",", strict=True)
     try:
         header = [h.strip().lower() for h in next(reader, [])]
@@ -80,13 +80,13 @@ def _csv_rows(path: str | Path, fmt: str | None) -> Iterator[tuple[str, str, str
         raise ParseError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
 
 
-def _raw(source: Any, fmt: str | None, stats: dict) -> Iterator[tuple[str, str, str]]:
+def _raw(source: Any, format: str | None, stats: dict) -> Iterator[tuple[str, str, str]]:
     """(id, sequence, where) from a path or from in-memory sequences."""
     if isinstance(source, (str, Path)):
-        if is_csv(source, fmt):
-            yield from _csv_rows(source, fmt)
+        if is_csv(source, format):
+            yield from _csv_rows(source, format)
             return
-        for rec in read_records(source, fmt, skip_empty=True, stats=stats):
+        for rec in read_records(source, format, skip_empty=True, stats=stats):
             yield rec.id, rec.sequence, f"{source}:{rec.line}"
         return
     if isinstance(source, dict):
@@ -96,7 +96,7 @@ def _raw(source: Any, fmt: str | None, stats: dict) -> Iterator[tuple[str, str, 
         yield rid, seq, f"<sequences>[{n}]"
 
 
-def read_sequences(source: Any, fmt: str | None = None, *, tokenizer: Tokenizer | None = None,
+def read_sequences(source: Any, format: str | None = None, *, tokenizer: Tokenizer | None = None,
                    unknown: str = "error", on_invalid: str = "error", stats: dict | None = None,
                    warn: bool = True) -> Iterator[Entry]:
     """Tokenized records of a FASTA / UniProt .dat / CSV / TSV file (gzipped or not), a
@@ -119,7 +119,7 @@ def read_sequences(source: Any, fmt: str | None = None, *, tokenizer: Tokenizer 
             log.warning("skipped (%s): %s", kind, message)
 
     seen: dict[str, tuple[str, int]] = {}  # id -> (where, hash of the cleaned sequence)
-    for rid, seq, where in _raw(source, fmt, stats):
+    for rid, seq, where in _raw(source, format, stats):
         cleaned = "".join(seq.split()).upper().removesuffix("*")
         if not cleaned:
             skip("empty", f"{where}: record {rid!r} has an empty sequence")

@@ -77,10 +77,10 @@ def _gunzip_chunks(path: Path, chunk: int = 1 << 22) -> Iterator[bytes]:
         raise ParseError(f"{path}: truncated gzip data (the file ends inside a compressed stream)")
 
 
-def iter_ranges(path: str | Path, fmt: str, block_size: int, start: int = 0) -> Iterator[tuple[int, int]]:
+def iter_ranges(path: str | Path, format: str, block_size: int, start: int = 0) -> Iterator[tuple[int, int]]:
     """For an uncompressed file: ``(offset, length)`` of the same blocks
     :func:`iter_text_blocks` yields, found by seeking, so workers can read them."""
-    marker = RECORD_START[fmt]
+    marker = RECORD_START[format]
     size = Path(path).stat().st_size
     with open(path, "rb") as fh:
         pos = start
@@ -108,12 +108,12 @@ def read_range(path: str | Path, offset: int, length: int) -> bytes:
         return fh.read(length)
 
 
-def iter_text_blocks(path: str | Path, fmt: str, block_size: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
+def iter_text_blocks(path: str | Path, format: str, block_size: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, text)``: consecutive pieces of the uncompressed file, each ending
     just before a record start (or at end of file) and at least ``block_size`` long
     except the last. ``start`` (an offset this function yielded earlier) skips ahead."""
     path = Path(path)
-    marker = RECORD_START[fmt]
+    marker = RECORD_START[format]
     if is_gzip(path):
         source = _gunzip_chunks(path)
     else:
@@ -255,18 +255,18 @@ def _uniprot(buf: bytes, source: str, table: bytes, ws: bytes):
     return ids, seqs, errors, lambda: (heads, s0, s1, k)
 
 
-def tokenize_block(buf: bytes, fmt: str, *, tokenizer: Tokenizer = Tokenizer(), valid_fraction: float = 0.0,
+def tokenize_block(buf: bytes, format: str, *, tokenizer: Tokenizer = Tokenizer(), valid_fraction: float = 0.0,
                    test_fraction: float = 0.0, first_block: bool = False, source: str = "<block>") -> BlockResult:
     """Tokenize every record of ``buf`` (complete records only). Records with an invalid
     residue (``tokenizer.unknown == 'error'``), no residues or no id are counted as
     invalid, with a few reasons kept for the report."""
     table, ws = _translation(tokenizer)
-    if fmt == "fasta":
+    if format == "fasta":
         ids, seqs, errors, locate = _fasta(buf, first_block, source, table, ws)
-    elif fmt == "uniprot":
+    elif format == "uniprot":
         ids, seqs, errors, locate = _uniprot(buf, source, table, ws)
     else:
-        raise UserError(f"unknown format {fmt!r} (expected 'fasta' or 'uniprot')")
+        raise UserError(f"unknown format {format!r} (expected 'fasta' or 'uniprot')")
     r = len(seqs)
     lens = np.fromiter(map(len, seqs), dtype=np.int64, count=r)
     arr = np.frombuffer(b"".join(seqs), dtype=np.uint8)

@@ -91,8 +91,8 @@ def check_source(path: Path, key: str | None = None) -> None:
         raise UserError(f"{name}: is a binary file, not FASTA or UniProt text")
 
 
-def _params(fmt, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part) -> dict:
-    return {"format": fmt, "valid_fraction": valid_fraction, "test_fraction": test_fraction, "unknown": unknown,
+def _params(format, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part) -> dict:
+    return {"format": format, "valid_fraction": valid_fraction, "test_fraction": test_fraction, "unknown": unknown,
             "dedup": dedup, "block_size": block_size, "blocks_per_part": blocks_per_part,
             "tokenizer_version": VERSION, "format_version": FORMAT_VERSION}
 
@@ -104,9 +104,9 @@ def prepared_dir_for(source: Path, sha: str, params: dict, data_dir: Path) -> Pa
 
 
 def _work(task) -> BlockResult:
-    kind, payload, fmt, tokenizer, vf, tf, first, source = task
+    kind, payload, format, tokenizer, vf, tf, first, source = task
     buf = read_range(*payload) if kind == "range" else payload
-    return tokenize_block(buf, fmt, tokenizer=tokenizer, valid_fraction=vf, test_fraction=tf,
+    return tokenize_block(buf, format, tokenizer=tokenizer, valid_fraction=vf, test_fraction=tf,
                           first_block=first, source=source)
 
 
@@ -185,10 +185,10 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
         raise UserError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
     if not (valid_fraction >= 0 and test_fraction >= 0 and valid_fraction + test_fraction < 1):
         raise UserError(f"need 0 <= valid_fraction, test_fraction and a sum < 1, got {valid_fraction}, {test_fraction}")
-    fmt = {"dat": "uniprot", "swiss": "uniprot"}.get(format, format) or detect_format(source)
+    format = {"dat": "uniprot", "swiss": "uniprot"}.get(format, format) or detect_format(source)
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     sha = file_sha256(source, data_dir)
-    params = _params(fmt, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part)
+    params = _params(format, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part)
     out = Path(out_dir) if out_dir is not None else prepared_dir_for(source, sha, params, data_dir)
     if (out / MANIFEST).is_file():
         log.info("%s: already prepared in %s", source, out)
@@ -201,7 +201,7 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
         with file_lock(lock):  # DDP ranks / parallel jobs: one prepares
             if (out / MANIFEST).is_file():
                 return out
-            return _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid,
+            return _prepare(source, out, format, sha, params, valid_fraction, test_fraction, unknown, on_invalid,
                             dedup, workers, block_size, blocks_per_part, max_parts, progress, need)
     except BaseException:
         if created and not _part_path(out, 0).is_file():  # nothing committed to resume from
@@ -248,7 +248,7 @@ def file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup, workers,
+def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup, workers,
              block_size, blocks_per_part, max_parts, progress, need) -> Path:
     (out / "parts").mkdir(parents=True, exist_ok=True)
     info_path = out / "params.json"
@@ -276,11 +276,11 @@ def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unkno
 
     def tasks():
         if gz or workers == 0:
-            it = ((off, ("bytes", buf)) for off, buf in iter_text_blocks(source, fmt, block_size, state.next_offset))
+            it = ((off, ("bytes", buf)) for off, buf in iter_text_blocks(source, format, block_size, state.next_offset))
         else:
-            it = ((off, ("range", (src, off, n))) for off, n in iter_ranges(source, fmt, block_size, state.next_offset))
+            it = ((off, ("range", (src, off, n))) for off, n in iter_ranges(source, format, block_size, state.next_offset))
         for off, (kind, payload) in it:
-            yield off, (kind, payload, fmt, tokenizer, valid_fraction, test_fraction, off == 0, src)
+            yield off, (kind, payload, format, tokenizer, valid_fraction, test_fraction, off == 0, src)
 
     bar = None
     if progress:
@@ -317,7 +317,7 @@ def _prepare(source, out, fmt, sha, params, valid_fraction, test_fraction, unkno
     if not done:
         log.info("%s: stopped after %d parts (max_parts); call again to continue", out, part)
         return out
-    manifest = _manifest(state, source, sha, fmt, gz, params, time.perf_counter() - t0)
+    manifest = _manifest(state, source, sha, format, gz, params, time.perf_counter() - t0)
     try:
         check_splits(source, manifest, need, valid_fraction)
     except UserError:
@@ -384,7 +384,7 @@ def _commit(out: Path, part: int, writers: dict, state: _State) -> None:
     write_json(_part_path(out, part), state.to_dict())
 
 
-def _manifest(state: _State, source: Path, sha: str, fmt: str, gz: bool, params: dict, seconds: float) -> dict:
+def _manifest(state: _State, source: Path, sha: str, format: str, gz: bool, params: dict, seconds: float) -> dict:
     c = state.counts
     splits = {s: {k: c[k][s] for k in ("records_read", "kept", "duplicates", "invalid", "tokens")}
               | {"shards": [x for x in state.shards[s] if x["records"] > 0],
@@ -394,7 +394,7 @@ def _manifest(state: _State, source: Path, sha: str, fmt: str, gz: bool, params:
     return {
         "format_version": FORMAT_VERSION,
         "tokenizer_version": VERSION,
-        "source": {"path": str(source), "bytes": source.stat().st_size, "sha256": sha, "format": fmt, "gzip": gz,
+        "source": {"path": str(source), "bytes": source.stat().st_size, "sha256": sha, "format": format, "gzip": gz,
                    "uncompressed_bytes": state.next_offset},
         "params": params,
         **total,
