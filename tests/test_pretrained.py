@@ -4,7 +4,6 @@ it (self-contained remote code) to the same logits; broken files are one-line er
 them; the model card reports only what was measured or recorded."""
 import itertools
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -334,11 +333,12 @@ def test_export_command_line(tmp_path):
 # --- transformers -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def transformers(tmp_path_factory):
-    if "transformers" not in sys.modules:  # remote code is copied here, not into ~/.cache
-        os.environ["HF_MODULES_CACHE"] = str(tmp_path_factory.mktemp("hf_modules"))
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    return pytest.importorskip("transformers", reason="the transformers round trip needs transformers "
-                                                      "(pip install -e '.[hf]')")
+    with pytest.MonkeyPatch.context() as mp:
+        if "transformers" not in sys.modules:  # remote code is copied here, not into ~/.cache
+            mp.setenv("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield pytest.importorskip("transformers", reason="the transformers round trip needs transformers "
+                                                         "(pip install -e '.[hf]')")
 
 
 @pytest.mark.parametrize("objective", ["mlm", "clm"])
@@ -357,8 +357,9 @@ def test_transformers_opens_the_directory_to_the_same_logits(exported, transform
         got = model(**enc, output_hidden_states=True)
         ref, layers = load_checkpoint(str(ckpt)).model(tokens, pad, return_layers=True)
     real = ~pad
-    # trig's normalizer can be near zero (why the kernel is unsafe): round-off is amplified, relative there
-    tol = dict(atol=1e-5, rtol=1e-5 if kernel == "trig" else 0)
+    # trig's normalizer is a sum of terms of both signs that can cancel to near zero (why the kernel is
+    # unsafe): any change in summation order is amplified there (seen: 1.5e-5 relative), so relative 1e-4
+    tol = dict(atol=1e-5, rtol=1e-4 if kernel == "trig" else 0)
     torch.testing.assert_close(got.logits[real], ref[real], **tol)
     assert len(got.hidden_states) == len(layers) == 3  # embedding, block 1, final norm after block 2
     for h, ref_h in zip(got.hidden_states, layers):
