@@ -73,6 +73,33 @@ def open_text(path: str | Path):
     return open(path, "r", **TEXT)
 
 
+def check_source(path: str | Path, key: str | None = None) -> None:
+    """Open ``path`` and look at its first bytes before anything is written for it, so a
+    directory, an empty file or a binary file is a one-line error naming it (``key=path``
+    when a setting gave the path) instead of an empty preparation."""
+    path = Path(path)
+    name = f"{key}={path}" if key else str(path)
+    if path.is_dir():
+        raise UserError(f"{name}: is a directory, not a FASTA or UniProt file")
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if not head:
+        raise UserError(f"{name}: is empty")
+    if head[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(1 << 16)
+        except (OSError, EOFError, ValueError):  # truncated or corrupt: the reader reports where
+            return
+        if not head:
+            raise UserError(f"{name}: is empty (a gzip file holding no text)")
+    control = sum(head.count(bytes([c])) for c in range(32) if c not in b"\t\n\v\f\r")
+    if b"\0" in head or control > len(head) // 100:
+        raise UserError(f"{name}: is a binary file, not FASTA or UniProt text")
+
+
 def detect_format(path: str | Path) -> str:
     """'fasta' or 'uniprot', from the name (``.gz`` ignored) or else the first line."""
     name = str(path).lower()

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import UserError
-from .io import ParseError, _lines, read_records
+from .io import ParseError, _lines, check_source, read_records
 from .tokenizer import InvalidSequenceError, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ def _csv_rows(path: str | Path, format: str | None) -> Iterator[tuple[str, str, 
 def _raw(source: Any, format: str | None, stats: dict) -> Iterator[tuple[str, str, str]]:
     """(id, sequence, where) from a path or from in-memory sequences."""
     if isinstance(source, (str, Path)):
+        check_source(source)  # a directory, empty or binary file: one line naming it
         if is_csv(source, format):
             yield from _csv_rows(source, format)
             return

@@ -371,7 +371,7 @@ def test_duplicates_invalid_and_empty_are_counted(ckpt, tmp_path, caplog):
 def test_nothing_to_embed_is_an_error_and_writes_nothing(ckpt, tmp_path):
     empty = tmp_path / "empty.fasta"
     empty.write_text("")
-    with pytest.raises(E.UserError, match=r"empty\.fasta: no sequences to embed \(skipped: none\)"):
+    with pytest.raises(E.UserError, match=r"empty\.fasta: is empty"):
         E.embed_file(ckpt, empty, tmp_path / "e.h5", pt_dir=tmp_path / "pt", progress=False)
     bad = tmp_path / "bad.fasta"
     bad.write_text(">a\nMKJ\n>b\n>c\nMK1\n")
@@ -448,8 +448,8 @@ def test_cli_errors_are_one_line_and_leave_nothing(ckpt, tmp_path, capsys):
         ([f"input={tmp_path / 'nope.fasta'}"], r"nope\.fasta: no such file"),
         ([f"input={tmp_path / 'adir'}"], r"adir: is a directory"),
         ([f"input={tmp_path / 'cut.fasta.gz'}"], r"cut\.fasta\.gz:\d+: truncated or corrupt gzip data"),
-        ([f"input={tmp_path / 'bin.fasta'}"], r"bin\.fasta:1: expected a '>' header line"),
-        ([f"input={tmp_path / 'image'}"], r"image:1: cannot tell whether this is FASTA or a UniProt flat file"),
+        ([f"input={tmp_path / 'bin.fasta'}"], r"bin\.fasta: is a binary file, not FASTA or UniProt text"),
+        ([f"input={tmp_path / 'image'}"], r"image: is a binary file, not FASTA or UniProt text"),
         ([f"ckpt={tmp_path / 'junk.ckpt'}"], r"checkpoint .*junk\.ckpt: cannot load \("),
         ([f"ckpt={tmp_path / 'missing.ckpt'}"], r"checkpoint .*missing\.ckpt: no such file"),
         ([f"output={tmp_path / 'notes.txt'}"], r"output .*notes\.txt: exists and is not an HDF5 file"),

@@ -118,3 +118,26 @@ def test_bom_and_non_ascii_characters(tmp_path):
     text.write_bytes("ÉTÉ\n".encode())
     with pytest.raises(ParseError, match=r"junk\.dat:1: expected an 'ID' line to start a record, got 'ÉTÉ'"):
         list(read_uniprot(text))
+
+
+def test_check_source_names_directory_empty_and_binary_files(tmp_path):
+    """One check for every reader (io.check_source): prepared shards, data=sample, evaluate, embed."""
+    import gzip as gz
+
+    from protein_performer.data.datamodule import ProteinDataModule
+    from protein_performer.errors import UserError
+    from protein_performer.io import check_source
+    from protein_performer.sequences import read_sequences
+    (tmp_path / "d").mkdir()
+    (tmp_path / "empty.fasta").write_bytes(b"")
+    (tmp_path / "empty.fasta.gz").write_bytes(gz.compress(b""))
+    (tmp_path / "bin.fasta").write_bytes(bytes(range(256)) * 4)
+    cases = {"d": "is a directory", "empty.fasta": "is empty", "empty.fasta.gz": "is empty",
+             "bin.fasta": "is a binary file"}
+    for name, what in cases.items():
+        with pytest.raises(UserError, match=f"{name}: {what}"):
+            check_source(tmp_path / name)
+        with pytest.raises(UserError, match=f"{name}: {what}"):
+            list(read_sequences(tmp_path / name))
+        with pytest.raises(UserError, match=f"data.path={tmp_path / name}: {what}"):
+            ProteinDataModule(str(tmp_path / name)).setup()

@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from ..io import check_source
 from ..sequences import read_sequences, skipped_text
 from ..tokenizer import Tokenizer
 from .collate import Collator
@@ -80,6 +81,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_seqs is not None:
             return
+        check_source(self.path, "data.path")
         train, valid = [], []
         records = read_sequences(self.path, self.format, tokenizer=self.tokenizer, on_invalid=self.on_invalid,
                                  stats=self.stats)

@@ -12,7 +12,6 @@ committed shards' hashes, and produces byte-identical shards. Results are cached
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import json
 import logging
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import ParseError, detect_format
+from ..io import ParseError, check_source, detect_format
 from ..tokenizer import VERSION, Tokenizer
 from .blocks import BlockResult, is_gzip, iter_ranges, iter_text_blocks, read_range, tokenize_block
 from .dedup import HashSet
@@ -63,32 +62,6 @@ def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(digest + "\n")
     return digest
-
-
-def check_source(path: Path, key: str | None = None) -> None:
-    """Open ``path`` and look at its first bytes before anything is written for it, so a
-    directory, an empty file or a binary file is a one-line error naming it (``key=path``
-    when a setting gave the path) instead of an empty preparation."""
-    name = f"{key}={path}" if key else str(path)
-    if path.is_dir():
-        raise UserError(f"{name}: is a directory, not a FASTA or UniProt file")
-    if not path.exists():
-        raise FileNotFoundError(f"{name}: no such file")
-    with open(path, "rb") as fh:
-        head = fh.read(1 << 16)
-    if not head:
-        raise UserError(f"{name}: is empty")
-    if head[:2] == b"\x1f\x8b":
-        try:
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(1 << 16)
-        except (OSError, EOFError, ValueError):  # truncated or corrupt: the reader reports where
-            return
-        if not head:
-            raise UserError(f"{name}: is empty (a gzip file holding no text)")
-    control = sum(head.count(bytes([c])) for c in range(32) if c not in b"\t\n\v\f\r")
-    if b"\0" in head or control > len(head) // 100:
-        raise UserError(f"{name}: is a binary file, not FASTA or UniProt text")
 
 
 def _params(format, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part) -> dict:
