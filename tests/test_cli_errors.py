@@ -22,7 +22,8 @@ from protein_performer.run_folder import check_run_folder, discard_on_user_error
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 from protein_performer.training import check_checkpoint, train
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"
 TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
         "data.max_len=48", "data.batch_size=16", "data.max_tokens=null", "data.crop_schedule=null",

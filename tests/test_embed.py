@@ -22,9 +22,10 @@ from protein_performer.inference import load_model
 from protein_performer.io import read_fasta
 from protein_performer.tasks import ProteinLM
 
+from conftest import ROOT, save_checkpoint
+
 FIX = Path(__file__).parent / "fixtures"
 FASTA = FIX / "pyswrd_uniprot_sprot15.fasta"
-ROOT = Path(__file__).parent.parent
 
 
 def tiny(kernel="softmax", seed=0, **attn):
@@ -36,11 +37,7 @@ def tiny(kernel="softmax", seed=0, **attn):
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"
-    trainer = pl.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    trainer.strategy.connect(tiny())
-    trainer.save_checkpoint(path)
-    return path
+    return Path(save_checkpoint(tiny(), tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"))
 
 
 @pytest.fixture(scope="module")

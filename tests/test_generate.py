@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from Bio import SeqIO
 
@@ -23,6 +22,8 @@ from protein_performer.generate import (GenerationError, composition, compositio
                                         generate, likelihood_summary, load_generator, run, sample_next)
 from protein_performer.tasks import ProteinLM
 from protein_performer.tokenizer import AMINO_ACIDS, Tokenizer
+
+from conftest import save_checkpoint as save
 
 KERNELS = ["softmax", "favor++", "relu", "trig", "elu", "exact"]
 TOK = Tokenizer()
@@ -53,14 +54,6 @@ def make_task(kernel="softmax", position="rotary", objective="clm", chunk_size=8
             if kernel == "favor++":
                 fm.rho.fill_(0.8)  # a non-trivial OPRF (A != 0), as after training
     return task.eval()
-
-
-def save(task, path):
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu")
-    trainer.strategy.connect(task)
-    trainer.save_checkpoint(str(path))
-    return str(path)
 
 
 def rnn_logits(model, tokens):

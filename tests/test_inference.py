@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from protein_performer.errors import UserError
@@ -15,6 +14,8 @@ from protein_performer.io import ParseError
 from protein_performer.tasks import ProteinLM
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 
+from conftest import save_checkpoint as save
+
 FIX = Path(__file__).parent / "fixtures"
 
 
@@ -22,13 +23,6 @@ def tiny(objective="mlm", seed=0):
     torch.manual_seed(seed)
     return ProteinLM(model=dict(dim=16, depth=1, heads=2, attention=dict(kernel="relu", nb_features=8)),
                      objective=objective).eval()
-
-
-def save(module, path):
-    trainer = pl.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    trainer.strategy.connect(module)
-    trainer.save_checkpoint(path)
-    return path
 
 
 def test_load_model_from_path_module_and_bare_net(tmp_path):

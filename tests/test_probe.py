@@ -5,7 +5,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -14,7 +13,8 @@ import pytest
 from protein_performer.inference import sequence_id
 from protein_performer.probe import composition, detect_task, load_embeddings, read_labels, run_probe
 
-ROOT = Path(__file__).parent.parent
+from conftest import ROOT
+
 AA = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
 
 

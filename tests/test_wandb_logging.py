@@ -20,7 +20,8 @@ from protein_performer.io import read_fasta
 from protein_performer.run_logging import Throughput
 from protein_performer.training import train
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 
 
 def wandb_records(path: Path):
