@@ -21,6 +21,8 @@ from protein_performer.pretrained import export, is_pretrained_dir, load_pretrai
 from protein_performer.tasks import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import Tokenizer
 
+from conftest import ROOT
+
 TOK = Tokenizer()
 FREQS = [0.0] * 5 + [0.08, 0.01, 0.05, 0.07, 0.04, 0.07, 0.02, 0.06, 0.06, 0.1, 0.02, 0.04, 0.05, 0.04, 0.05,
                      0.07, 0.05, 0.07, 0.01, 0.04] + [0.0] * 5
@@ -170,8 +172,6 @@ ref = torch.load({str(out.parent / 'ref.pt')!r})
 torch.load = pickle.load = pickle.loads = refuse
 pickle.Unpickler = refuse
 from protein_performer.pretrained import load_pretrained
-
-from conftest import ROOT
 model, tok = load_pretrained({str(out)!r})
 assert not [m for m in sys.modules if m.split('.')[0] in ('pytorch_lightning', 'lightning', 'transformers')]
 tokens = torch.tensor({tokens.tolist()})
