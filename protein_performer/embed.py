@@ -429,11 +429,11 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
                format: str | None = None, layers: int | Sequence[int] = -1, pooling: str | Sequence[str] = "mean",
                per_residue: bool = False, max_tokens: int = 16384, device: str = "cpu", precision: str = "32",
                unknown: str = "error", on_invalid: str = "skip", long_alone: int | None = None,
-               sort_window: int = 20000, overwrite: bool = False, progress: bool = True) -> dict:
+               sort_records: int = 20000, overwrite: bool = False, progress: bool = True) -> dict:
     """Embed every record of ``input`` into ``output`` (HDF5) and/or ``pt_dir``.
 
     The input is read twice: once to check every record (and count the work), then as a
-    stream sorted by length in windows of ``sort_window`` records. Batches are the same
+    stream sorted by length in windows of ``sort_records`` records. Batches are the same
     in a resumed run as in a clean one, so their numbers are too. Returns counts:
     embedded, residues, seconds, residues_per_s, already_done and the skipped kinds.
     """
@@ -467,8 +467,8 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
 
     # batches: windows of the whole input (done records included), so they never depend on a resume
     plan = []
-    for start in range(0, len(ids), sort_window):
-        window = lengths[start:start + sort_window]
+    for start in range(0, len(ids), sort_records):
+        window = lengths[start:start + sort_records]
         plan.append([[start + k for k in b] for b in emb.batches(window, max_tokens)])
     todo = {i for window in plan for b in window if not all(done(i) for i in b) for i in b}
     already = len(ids) - len(todo)
@@ -484,7 +484,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     try:
         if todo:  # pass 2
             entries = read_sequences(input, format, tokenizer=tokenizer, on_invalid=on_invalid, warn=False)
-            for batches, window in zip(plan, _windows(enumerate(entries), sort_window)):
+            for batches, window in zip(plan, _windows(enumerate(entries), sort_records)):
                 for batch in batches:
                     if not any(i in todo for i in batch):
                         continue

@@ -47,7 +47,7 @@ class ProteinLM(pl.LightningModule):
         if dm is None or self.model.pos_embed is None:
             return
         concat = getattr(dm, "mode", "crop") == "concat"
-        key, longest = ("data.window", getattr(dm, "window", None)) if concat else ("data.max_len", getattr(dm, "max_len", None))
+        key, longest = ("data.concat_len", getattr(dm, "concat_len", None)) if concat else ("data.max_len", getattr(dm, "max_len", None))
         if longest is not None and longest - int(self.model.causal) > self.model.max_positions:
             raise UserError(f"{key}={longest} is longer than the model's learned positions "
                             f"(model.max_positions={self.model.max_positions}): raise model.max_positions, "

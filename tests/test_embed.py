@@ -216,7 +216,7 @@ def leftovers(tmp_path):
 def test_kill_after_k_batches_then_resume_gives_the_clean_file(ckpt, records, tmp_path, monkeypatch):
     fasta = tmp_path / "in.fasta"
     _write_fasta(fasta, records)
-    kw = dict(per_residue=True, pooling=["mean", "max"], progress=False, max_tokens=1200, sort_window=7)
+    kw = dict(per_residue=True, pooling=["mean", "max"], progress=False, max_tokens=1200, sort_records=7)
     clean = E.embed_file(ckpt, fasta, tmp_path / "clean.h5", **kw)
     assert clean["embedded"] == len(records) and clean["already_done"] == 0
 

@@ -113,7 +113,7 @@ def test_crop_mode_items_are_the_tokenized_proteins(small):
 
 def test_concat_mode_windows_cover_the_eos_joined_stream(small):
     path, cache, _ = small
-    dm = ShardDataModule(path=str(path), data_dir=str(cache), mode="concat", window=512, valid_fraction=0.2,
+    dm = ShardDataModule(path=str(path), data_dir=str(cache), mode="concat", concat_len=512, valid_fraction=0.2,
                          test_fraction=0.0, prepare_workers=0, progress=False, max_tokens=2048)
     dm.setup()
     ds, lengths = dm.dataset("train", train=True)
@@ -184,7 +184,7 @@ def test_trembl_configs_point_at_uniprot(tmp_path):
     assert t.data.url == ("https://ftp.uniprot.org/pub/databases/uniprot/current_release/knowledgebase/"
                           "complete/uniprot_trembl.fasta.gz")
     assert t.data.download is True and t.data.max_len == 1024 and t.data.path is None
-    assert c.data.mode == "concat" and c.data.window == 8192 and c.data.url == t.data.url
+    assert c.data.mode == "concat" and c.data.concat_len == 8192 and c.data.url == t.data.url
     assert p.data.format == "uniprot"
     dm = ShardDataModule(url=t.data.url, data_dir=str(tmp_path), download=False)
     with pytest.raises(FileNotFoundError, match="data.download=true"):

@@ -3,7 +3,7 @@
     source file or URL -> (download) -> prepare (cached by content) -> shards
       crop mode:   one protein per item, <cls> residues <eos>, cropped to max_len
                    (random window in training, the first max_len tokens in evaluation)
-      concat mode: eos-joined proteins cut into non-overlapping windows of `window` tokens
+      concat mode: eos-joined proteins cut into non-overlapping windows of `concat_len` tokens
     -> token-budget batches (TokenBudgetBatchSampler, DDP-aware) -> Collator
 
 Mid-epoch resume: the module counts the training batches the loop has actually started
@@ -81,7 +81,7 @@ class CountsTrainingBatches:
 class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
     def __init__(self, path: str | None = None, url: str | None = None, download: bool = False,
                  metalink: str | None = None, md5: str | None = None, data_dir: str | None = None,
-                 format: str | None = None, mode: str = "crop", max_len: int = 1024, window: int = 8192,
+                 format: str | None = None, mode: str = "crop", max_len: int = 1024, concat_len: int = 8192,
                  max_tokens: int = 16384, objective: str = "mlm", mask_prob: float = 0.15,
                  valid_fraction: float = 0.01, test_fraction: float = 0.01, unknown: str = "error",
                  on_invalid: str = "skip", dedup: bool = True, prepare_workers: int | None = None,
@@ -95,7 +95,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.path, self.url, self.download, self.metalink, self.md5 = path, url, download, metalink, md5
         self.download_retries, self.download_backoff = download_retries, download_backoff
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
-        self.format, self.mode, self.max_len, self.window = format, mode, max_len, window
+        self.format, self.mode, self.max_len, self.concat_len = format, mode, max_len, concat_len
         self.max_tokens, self.objective, self.mask_prob = max_tokens, objective, mask_prob
         self.prep_kw = dict(valid_fraction=valid_fraction, test_fraction=test_fraction, unknown=unknown,
                             on_invalid=on_invalid, dedup=dedup, workers=prepare_workers, progress=progress)
@@ -154,7 +154,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         """(items, their token lengths) of a split in the configured mode."""
         shards = self.prepared.split(split)
         if self.mode == "concat":
-            ds = ConcatWindows(shards, self.window)
+            ds = ConcatWindows(shards, self.concat_len)
             return ds, ds.lengths
         lengths = np.minimum(shards.lengths + 1, self.max_len)  # + <cls>
         return CropDataset(WithCls(shards, self.tokenizer.cls_id), self.max_len, random_crop=train), lengths
