@@ -31,17 +31,15 @@ def train(cfg: DictConfig) -> None:
 
 
 def prepare(cfg: DictConfig) -> None:
-    import hydra
-
+    from .data.prepare import prepare_data_config
     from .data.shards import PreparedData
-    datamodule = hydra.utils.instantiate(cfg.data)
-    if not hasattr(datamodule, "source_file"):
-        raise UserError(f"data: {cfg.data._target_} reads its file in memory, there is nothing to prepare "
+    if not str(cfg.data.get("_target_", "")).endswith("ShardDataModule"):
+        raise UserError(f"data: {cfg.data.get('_target_')} reads its file in memory, there is nothing to prepare "
                         f"(use data=fasta or data=uniprot with data.path=FILE)")
-    datamodule.prepare_data()
-    m = PreparedData(datamodule._prepared_dir).manifest
+    out = prepare_data_config(OmegaConf.to_container(cfg.data, resolve=True))
+    m = PreparedData(out).manifest
     print(f"{m['records_read']:,} read = {m['kept']:,} kept + {m['duplicates']:,} duplicates + "
-          f"{m['invalid']:,} invalid; {m['tokens']:,} tokens\nprepared data: {datamodule._prepared_dir}")
+          f"{m['invalid']:,} invalid; {m['tokens']:,} tokens\nprepared data: {out}")
 
 
 def evaluate(cfg: DictConfig) -> None:

@@ -340,8 +340,9 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
         m["step"] = checkpoint_step(path)
         m["data"] = str(data_path)
         results[name] = m
-        log.info("%s: perplexity %.3f (baseline %s), accuracy %.4f on %d tokens", name, m["perplexity"],
-                 m["baseline_perplexity"], m["accuracy"], m["num_tokens"])
+        base = "none" if m["baseline_perplexity"] is None else f"{m['baseline_perplexity']:.3f}"
+        log.info("%s: perplexity %.3f (baseline %s), accuracy %.4f on %d tokens", name, m["perplexity"], base,
+                 m["accuracy"], m["num_tokens"])
     out = Path(output_dir)  # written only once every checkpoint is scored
     out.mkdir(parents=True, exist_ok=True)
     if len(results) == 1:

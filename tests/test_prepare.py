@@ -283,3 +283,34 @@ def test_prepared_data_is_cached_by_content(tmp_path, capsys):
     p.write_bytes(b">a\nMKV\n>b\nMKW\n")
     assert prepare(p, data_dir=tmp_path / "cache", workers=0, progress=False) != out1
     assert out1.parent == tmp_path / "cache" / "prepared"
+
+
+def test_prepare_command_imports_neither_torch_nor_lightning(tmp_path):
+    """`protein-performer prepare` (scripts/prepare_data.py) prepares from the config alone, so an
+    already prepared file answers without the seconds torch and Lightning take to import."""
+    src = tmp_path / "p.fasta"
+    src.write_text("".join(f">P{i:05d}\nMKTAYIAKQR{''.join('ACDEFGHIKL'[int(d)] for d in f'{i:05d}')}\n" for i in range(200)))
+    code = ("import sys; from protein_performer.cli import run\n"
+            "try:\n    run('prepare', sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('LOADED', sorted(m for m in ('torch', 'pytorch_lightning', 'wandb') if m in sys.modules))")
+    args = ["data=fasta", f"data.path={src}", f"data.data_dir={tmp_path / 'cache'}", "data.prepare_workers=0",
+            "data.progress=false", "data.valid_fraction=0.2"]
+    for _ in range(2):  # prepares, then finds it prepared
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert "200 read = 200 kept" in out.stdout, out.stdout
+        assert "LOADED []" in out.stdout
+
+
+def test_bom_is_accepted_and_non_ascii_is_shown_as_written(tmp_path):
+    recs = "".join(f">P{i:05d}\nMKTAYIAKQR{''.join('ACDEFGHIKL'[int(d)] for d in f'{i:05d}')}\n" for i in range(60))
+    plain, bom = tmp_path / "plain.fasta", tmp_path / "bom.fasta"
+    plain.write_text(recs)
+    bom.write_bytes(b"\xef\xbb\xbf" + recs.encode())
+    a = PreparedData(prepare(plain, data_dir=tmp_path / "a", workers=0, progress=False)).manifest
+    b = PreparedData(prepare(bom, data_dir=tmp_path / "b", workers=0, progress=False)).manifest
+    assert a["kept"] == b["kept"] == 60 and a["tokens"] == b["tokens"]
+    bad = tmp_path / "bad.fasta"
+    bad.write_text("protéine sans en-tête\n>P1\nMK\n", encoding="utf-8")
+    with pytest.raises(ParseError, match="protéine"):
+        prepare(bad, data_dir=tmp_path / "c", workers=0, progress=False)

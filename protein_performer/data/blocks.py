@@ -189,6 +189,9 @@ def _fasta_spans(buf: bytes):
     return heads, np.minimum(head_end + 1, n), np.append(heads[1:], n).astype(np.int64), k
 
 
+BOM = b"\xef\xbb\xbf"
+
+
 def _fasta(buf: bytes, first_block: bool, source: str, table: bytes, ws: bytes):
     text = b"\n" + buf  # so the first header also follows a newline
     ids = _FASTA_ID.findall(text)
@@ -198,7 +201,7 @@ def _fasta(buf: bytes, first_block: bool, source: str, table: bytes, ws: bytes):
         for k, line in enumerate(prefix.split(b"\n"), 1):
             if line.strip() and not line.startswith(b";"):
                 raise ParseError(f"{source}:{k}: expected a '>' header line before sequence data, "
-                                 f"got {line.strip()[:40].decode('latin-1')!r}")
+                                 f"got {line.strip()[:40].decode('utf-8', 'replace')!r}")
     # every header line becomes one SEP byte; whitespace goes; residues become ids
     pieces = _FASTA_HEAD.sub(b">", text).translate(table, ws).split(bytes([SEP]))
     if len(pieces) == len(ids) + 1:
@@ -223,7 +226,7 @@ def _uniprot_spans(buf: bytes, source: str):
         first = buf[: heads[0] if len(heads) else n]
         if first.strip():
             line = first.strip().split(b"\n")[0]
-            raise ParseError(f"{source}:1: expected an 'ID' line to start a record, got {line[:40].decode('latin-1')!r}")
+            raise ParseError(f"{source}:1: expected an 'ID' line to start a record, got {line[:40].decode('utf-8', 'replace')!r}")
     k = np.searchsorted(nl, heads)
     ends = np.append(heads[1:], n)
     s0, s1, ids, errors = [], [], [], {}
@@ -236,7 +239,7 @@ def _uniprot_spans(buf: bytes, source: str):
         acc = buf[ac + 6: buf.find(b"\n", ac + 1, e)].replace(b";", b" ").split() if ac >= 0 and (sq < 0 or ac < sq) else []
         ids.append(acc[0] if acc else (name[0] if name else b"?"))
         if term < 0:
-            raise ParseError(f"{source}: record {ids[-1].decode('latin-1')!r} (line {int(k[i]) + 1} of its block) is "
+            raise ParseError(f"{source}: record {ids[-1].decode('utf-8', 'replace')!r} (line {int(k[i]) + 1} of its block) is "
                              f"truncated: no '//' terminator before the next record or the end of the file")
         if sq < 0 or sq > term:
             errors[i] = "no SQ sequence block"
@@ -260,6 +263,9 @@ def tokenize_block(buf: bytes, format: str, *, tokenizer: Tokenizer = Tokenizer(
     """Tokenize every record of ``buf`` (complete records only). Records with an invalid
     residue (``tokenizer.unknown == 'error'``), no residues or no id are counted as
     invalid, with a few reasons kept for the report."""
+    nbytes = len(buf)
+    if first_block and buf.startswith(BOM):  # a UTF-8 byte-order mark is not content
+        buf = buf[len(BOM):]
     table, ws = _translation(tokenizer)
     if format == "fasta":
         ids, seqs, errors, locate = _fasta(buf, first_block, source, table, ws)
@@ -313,6 +319,6 @@ def tokenize_block(buf: bytes, format: str, *, tokenizer: Tokenizer = Tokenizer(
     why = []
     if reasons:
         k = locate()[3]
-        why = [(int(k[i]), ids[i].decode("latin-1"), w) for i, w in sorted(reasons.items())][:MAX_REASONS]
+        why = [(int(k[i]), ids[i].decode("utf-8", "replace"), w) for i, w in sorted(reasons.items())][:MAX_REASONS]
     return BlockResult(tokens=tokens, lengths=lens[order], hashes=hashes, splits=codes[order], records=order, read=read,
-                       invalid=inv, newlines=buf.count(b"\n"), nbytes=len(buf), reasons=why)
+                       invalid=inv, newlines=buf.count(b"\n"), nbytes=nbytes, reasons=why)

@@ -182,6 +182,55 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
         raise
 
 
+def source_file(path: str | None, url: str | None, data_dir: str | Path, *, download: bool = False,
+                md5: str | None = None, metalink: str | None = None, progress: bool = True,
+                retries: int | None = None, backoff: float | None = None) -> Path:
+    """The local file to prepare: ``path``, or ``url`` downloaded into ``data_dir/downloads``
+    (only with ``download``; resumable, checked against ``md5`` / ``metalink``)."""
+    from .download import download as fetch
+    if path is not None:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            raise UserError(f"data.path={path}: is a directory, not a FASTA or UniProt file")
+        if not p.is_file():
+            raise FileNotFoundError(f"data.path={path}: no such file")
+        return p
+    dest = Path(data_dir) / "downloads" / url.rsplit("/", 1)[-1]
+    if dest.is_file():
+        return dest
+    if not download:
+        raise FileNotFoundError(f"{dest} is not downloaded yet: set data.download=true to fetch {url}, "
+                                f"or put the file there yourself")
+    lock = dest.with_name(dest.name + ".lock")
+    extra = {k: v for k, v in (("retries", retries), ("backoff", backoff)) if v is not None}
+    try:
+        with file_lock(lock):
+            return fetch(url, dest, md5=md5, metalink=metalink, progress=progress, **extra)
+    except BaseException:
+        if not dest.with_name(dest.name + ".part").exists():  # nothing to resume: leave nothing behind
+            lock.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                dest.parent.rmdir()
+        raise
+
+
+def prepare_data_config(data: dict) -> Path:
+    """``protein-performer prepare``: what ShardDataModule.prepare_data does, from the data
+    config alone, without importing torch or Lightning (so an already prepared file answers
+    at once)."""
+    if (data.get("path") is None) == (data.get("url") is None):
+        raise UserError("give exactly one of data.path (a local FASTA/.dat file) and data.url")
+    data_dir = Path(data["data_dir"]).expanduser() if data.get("data_dir") else default_data_dir()
+    src = source_file(data.get("path"), data.get("url"), data_dir, download=data.get("download", False),
+                      md5=data.get("md5"), metalink=data.get("metalink"), progress=data.get("progress", True),
+                      retries=data.get("download_retries"), backoff=data.get("download_backoff"))
+    return prepare(src, data_dir=data_dir, format=data.get("format"), need=("train", "valid"),
+                   valid_fraction=data.get("valid_fraction", 0.01), test_fraction=data.get("test_fraction", 0.01),
+                   unknown=data.get("unknown", "error"), on_invalid=data.get("on_invalid", "skip"),
+                   dedup=data.get("dedup", True), workers=data.get("prepare_workers"),
+                   progress=data.get("progress", True))
+
+
 def check_splits(source: Path, counts: dict, need: tuple[str, ...], valid_fraction: float) -> None:
     """One-line error when ``counts`` (a manifest, or the same shape) hold no usable record,
     or none in a split of ``need``."""

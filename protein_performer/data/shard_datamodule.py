@@ -12,7 +12,6 @@ the checkpoint; a resumed run skips exactly those.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from ..tokenizer import Tokenizer
 from .collate import Collator
 from .concat import ConcatWindows
 from .datasets import CropDataset
-from .download import download as fetch
-from .prepare import check_splits, default_data_dir, file_lock, prepare
+from .prepare import check_splits, default_data_dir, prepare, source_file
 from .sampler import TokenBudgetBatchSampler
 from .shards import PreparedData, SplitShards
 from ..errors import UserError
@@ -108,30 +106,9 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
 
     # --- download + prepare (once; rank 0 via prepare_data, others wait on the lock) ---
     def source_file(self) -> Path:
-        if self.path is not None:
-            p = Path(self.path).expanduser()
-            if p.is_dir():
-                raise UserError(f"data.path={self.path}: is a directory, not a FASTA or UniProt file")
-            if not p.is_file():
-                raise FileNotFoundError(f"data.path={self.path}: no such file")
-            return p
-        dest = self.data_dir / "downloads" / self.url.rsplit("/", 1)[-1]
-        if dest.is_file():
-            return dest
-        if not self.download:
-            raise FileNotFoundError(f"{dest} is not downloaded yet: set data.download=true to fetch {self.url}, "
-                                    f"or put the file there yourself")
-        lock = dest.with_name(dest.name + ".lock")
-        try:
-            with file_lock(lock):
-                return fetch(self.url, dest, md5=self.md5, metalink=self.metalink, progress=self.prep_kw["progress"],
-                             retries=self.download_retries, backoff=self.download_backoff)
-        except BaseException:
-            if not dest.with_name(dest.name + ".part").exists():  # nothing to resume: leave nothing behind
-                lock.unlink(missing_ok=True)
-                with contextlib.suppress(OSError):
-                    dest.parent.rmdir()
-            raise
+        return source_file(self.path, self.url, self.data_dir, download=self.download, md5=self.md5,
+                           metalink=self.metalink, progress=self.prep_kw["progress"],
+                           retries=self.download_retries, backoff=self.download_backoff)
 
     def prepare_data(self) -> None:
         self._prepared_dir = prepare(self.source_file(), data_dir=self.data_dir, format=self.format,
