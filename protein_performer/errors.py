@@ -19,6 +19,10 @@ class UserError(ValueError):
     """Bad input or settings, with a one-line message naming the file / record / line / key."""
 
 
+#: what :func:`cli` reports in one line with exit status 2 (the rest are bugs: traceback)
+USER_ERRORS = (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
 def one_line(e: BaseException) -> str:
     """The message of ``e`` on one line (OS errors name their path)."""
     if isinstance(e, OSError) and getattr(e, "filename", None) and not isinstance(e, UserError):
@@ -28,6 +32,11 @@ def one_line(e: BaseException) -> str:
     return text
 
 
+def first_line(e: BaseException) -> str:
+    """``Type: first line of the message``: what a library raised, short enough for one line."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 def cli(main):
     """Decorator for a command's entry function (inside ``@hydra.main``): user errors exit 2
     with one line instead of a traceback."""
@@ -35,7 +44,7 @@ def cli(main):
     def run(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        except USER_ERRORS as e:
             print(f"error: {one_line(e)}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)
     return run

@@ -12,10 +12,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from .errors import UserError
+from .errors import USER_ERRORS, UserError
 
-# what cli() reports as a user error (exit status 2)
-USER_ERRORS = (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 
 

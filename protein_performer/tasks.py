@@ -17,7 +17,7 @@ from torchmetrics import SumMetric
 from .model import ModelConfig, PerformerLM
 from .objectives import IGNORE, SUMS, Scores, check_objective, score_rows
 from .tokenizer import VERSION, Tokenizer
-from .errors import UserError
+from .errors import UserError, first_line
 
 
 class ProteinLM(pl.LightningModule):
@@ -122,7 +122,6 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
     try:
         module = ProteinLM.load_from_checkpoint(path, map_location=map_location)
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"checkpoint {path}: cannot load ({type(e).__name__}: {first})") from e
+        raise UserError(f"checkpoint {path}: cannot load ({first_line(e)})") from e
     return module.eval()
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
-from .errors import UserError
+from .errors import UserError, first_line
 from .quiet import quiet_libraries
 from .run_folder import check_run_folder, remove_checkpoints
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
@@ -49,8 +49,7 @@ def check_checkpoint(path: str) -> None:
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=False, mmap=True)  # mmap: no full read
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"ckpt_path={path}: not a checkpoint ({type(e).__name__}: {first})") from e
+        raise UserError(f"ckpt_path={path}: not a checkpoint ({first_line(e)})") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "loops" not in ckpt:
         raise UserError(f"ckpt_path={path}: not a Lightning training checkpoint (no training state to resume)")
 
