@@ -1,0 +1,175 @@
+"""Files on disk: hashing, locks, atomic writes, and the record of what a run wrote.
+
+Every writer in the project goes through here, so three promises hold everywhere:
+
+- a file that exists is whole (written beside, then renamed over the old one);
+- a command deletes or replaces only files it wrote itself, recorded as it wrote them in a
+  :class:`WrittenFiles` journal (never by name or by pattern);
+- one output has one writer at a time (:func:`exclusive_lock`; a second process gets one
+  line, not a mixed file).
+
+No torch import: the data preparation and the CLI use this module too.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from .errors import UserError
+
+
+# --- hashing ----------------------------------------------------------------------------
+def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
+    """SHA-256 of a file's bytes; with ``cache_dir``, remembered by (path, size, mtime) so a
+    50 GB source is hashed once, not at every start."""
+    path = Path(path).resolve()
+    memo = None
+    if cache_dir is not None:
+        st = path.stat()
+        key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+        memo = Path(cache_dir) / "checksums" / f"{key}.sha256"
+        if memo.is_file():
+            return memo.read_text().strip()
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if memo is not None:
+        write_text(memo, digest + "\n")
+    return digest
+
+
+# --- atomic writes ----------------------------------------------------------------------
+def temp_path(path: str | Path) -> Path:
+    """Where ``path``'s new content is written before the rename: beside it, hidden, per process."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block ends without error, rename it
+    over ``path`` (a file or a folder); on error, remove it. The old ``path`` stays until the
+    new one is whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    remove_path(tmp)
+    try:
+        yield tmp
+        if tmp.is_dir() and path.is_dir():  # a folder cannot be renamed over a folder: swap
+            old = path.with_name(f".{path.name}.{os.getpid()}.old")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            remove_path(old)
+        else:
+            os.replace(tmp, path)
+    finally:
+        remove_path(tmp)
+
+
+def remove_path(p: str | Path) -> None:
+    p = Path(p)
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode())
+
+
+def write_json(path: str | Path, obj, indent: int | None = 1) -> Path:
+    return write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+# --- locks ------------------------------------------------------------------------------
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path, *, wait: bool = False, what: str | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing; released if the process
+    dies). ``wait=False``: when another process holds it, a one-line :class:`UserError` naming
+    ``what`` (the output it guards) instead of waiting."""
+    import fcntl
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise UserError(f"{what or path}: another process is writing it now (lock {path}); "
+                            f"wait for it to finish or choose another output") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --- what a run wrote -------------------------------------------------------------------
+class WrittenFiles:
+    """A journal (one JSON file) of the paths a command created, appended as it creates them,
+    so a cleanup or an ``overwrite`` removes exactly those and nothing a user put beside them.
+
+    ``record`` is called *before* the file is created (a kill between the two leaves a
+    recorded name with no file, which is harmless); ``remove_all`` deletes the recorded
+    paths, then the journal itself."""
+
+    def __init__(self, journal: str | Path):
+        self.journal = Path(journal)
+        self.paths: list[str] = []
+        if self.journal.is_file():
+            try:
+                self.paths = list(json.loads(self.journal.read_text()).get("written", []))
+            except (ValueError, AttributeError):
+                raise UserError(f"{self.journal}: not a journal this tool wrote (unreadable JSON)") from None
+
+    def _key(self, p: str | Path) -> str:
+        p = Path(p)
+        try:
+            return str(p.resolve().relative_to(self.journal.parent.resolve()))
+        except ValueError:
+            return str(p.resolve())
+
+    def __contains__(self, p: str | Path) -> bool:
+        return self._key(p) in self.paths
+
+    def record(self, p: str | Path) -> Path:
+        key = self._key(p)
+        if key not in self.paths:
+            self.paths.append(key)
+            write_json(self.journal, {"written": self.paths})
+        return Path(p)
+
+    def forget(self, p: str | Path) -> None:
+        key = self._key(p)
+        if key in self.paths:
+            self.paths.remove(key)
+            write_json(self.journal, {"written": self.paths})
+
+    def path_of(self, key: str) -> Path:
+        p = Path(key)
+        return p if p.is_absolute() else self.journal.parent / p
+
+    def remove(self, p: str | Path) -> None:
+        """Delete ``p`` only if this journal recorded it."""
+        if p in self:
+            remove_path(p)
+            self.forget(p)
+
+    def remove_all(self) -> None:
+        for key in reversed(self.paths):
+            remove_path(self.path_of(key))
+        self.paths = []
+        self.journal.unlink(missing_ok=True)
