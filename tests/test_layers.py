@@ -6,11 +6,11 @@ import ast
 from conftest import ROOT
 
 LAYERS = [  # lowest first
-    ("core", {"errors", "tokenizer", "io", "attention", "model", "objectives", "device", "sequences", "resources"}),
+    ("core", {"errors", "tokenizer", "io", "attention", "model", "objectives", "device", "sequences", "resources", "files", "heads"}),
     ("data", {"data"}),
     ("training", {"tasks", "training", "run_folder", "run_logging", "quiet"}),
     ("inference", {"inference", "pretrained"}),
-    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "export", "cli", "commands"}),
+    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "export", "score", "finetune", "cli", "commands"}),
 ]
 
 
