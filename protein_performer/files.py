@@ -173,3 +173,19 @@ class WrittenFiles:
             remove_path(self.path_of(key))
         self.paths = []
         self.journal.unlink(missing_ok=True)
+
+
+# --- outputs that would destroy inputs -------------------------------------------------
+def refuse_overlap(outputs: dict[str, str | Path], inputs: dict[str, str | Path]) -> None:
+    """One-line :class:`UserError` when an output (``{key: path}``) is an input, or is a
+    folder that holds one: writing it would replace or delete what the command reads."""
+    ins = {k: Path(v).resolve() for k, v in inputs.items() if v is not None}
+    for ok, o in outputs.items():
+        if o is None:
+            continue
+        op = Path(o).resolve()
+        for ik, ip in ins.items():
+            same = op == ip or (op.exists() and ip.exists() and op.samefile(ip))
+            if same or ip.is_relative_to(op):
+                raise UserError(f"{ok}={o}: {'is' if same else 'holds'} the input {ik}={inputs[ik]}; "
+                                f"choose another {ok}")
