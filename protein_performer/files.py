@@ -134,6 +134,7 @@ class WrittenFiles:
                 self.paths = list(json.loads(self.journal.read_text()).get("written", []))
             except (ValueError, AttributeError):
                 raise UserError(f"{self.journal}: not a journal this tool wrote (unreadable JSON)") from None
+        self._keys = set(self.paths)  # membership in O(1): a run may write 100,000 files
 
     def _key(self, p: str | Path) -> str:
         p = Path(p)
@@ -143,19 +144,22 @@ class WrittenFiles:
             return str(p.resolve())
 
     def __contains__(self, p: str | Path) -> bool:
-        return self._key(p) in self.paths
+        return self._key(p) in self._keys
 
-    def record(self, p: str | Path) -> Path:
-        key = self._key(p)
-        if key not in self.paths:
-            self.paths.append(key)
+    def record(self, p: str | Path, *more: str | Path) -> Path:
+        """Record ``p`` (and ``more``: a batch costs one journal write, not one per file)."""
+        new = [k for k in dict.fromkeys(self._key(x) for x in (p, *more)) if k not in self._keys]
+        if new:
+            self.paths += new
+            self._keys.update(new)
             write_json(self.journal, {"written": self.paths})
         return Path(p)
 
     def forget(self, p: str | Path) -> None:
         key = self._key(p)
-        if key in self.paths:
+        if key in self._keys:
             self.paths.remove(key)
+            self._keys.discard(key)
             write_json(self.journal, {"written": self.paths})
 
     def path_of(self, key: str) -> Path:
@@ -171,7 +175,7 @@ class WrittenFiles:
     def remove_all(self) -> None:
         for key in reversed(self.paths):
             remove_path(self.path_of(key))
-        self.paths = []
+        self.paths, self._keys = [], set()
         self.journal.unlink(missing_ok=True)
 
 
