@@ -68,20 +68,19 @@ def probe(cfg: DictConfig) -> None:
     _require(cfg, "embeddings", "labels", example="embeddings=OUT.h5 labels=labels.csv")
     from .probe import format_result, run_probe
     logging.getLogger("protein_performer").setLevel(logging.INFO)
+    from .files import refuse_overlap, write_json
     kw = OmegaConf.to_container(cfg, resolve=True)
     output = kw.pop("output")
+    embeddings = kw["embeddings"] if isinstance(kw["embeddings"], list) else [kw["embeddings"]]
+    refuse_overlap({"output": output}, {"labels": kw["labels"], "test_labels": kw["test_labels"],
+                                        **{f"embeddings[{i}]": e for i, e in enumerate(embeddings)}})
     result = run_probe(kw.pop("embeddings"), kw.pop("labels"), **kw)
     print(format_result(result))
-    text = json.dumps(result, indent=2)
     if output:
-        out = Path(output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, out)  # a results file that exists is whole
+        write_json(output, result, indent=2)  # a results file that exists is whole
         print(f"results: {output}")
     else:
-        print(text)
+        print(json.dumps(result, indent=2))
 
 
 def generate(cfg: DictConfig) -> None:

@@ -24,8 +24,8 @@ training data (the Performer paper's "empirical baseline"), scored on the same p
 from __future__ import annotations
 
 import csv
+import io
 import itertools
-import json
 import logging
 import math
 import sys
@@ -41,8 +41,10 @@ from .objectives import IGNORE, Scores, score_rows, scored_example
 from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .inference import load_model, pad_batch, read_sequences, skipped_text
+from .pretrained import checkpoint_step  # noqa: F401 - the step in metrics.json, read without unpickling
 from .tokenizer import Tokenizer
 from .errors import UserError
+from .files import atomic_path, refuse_overlap, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,12 @@ def _window_for(net, kernel: str | None, window: int | None, stride: int | None
     return None, None, None
 
 
+def check_mask_prob(mask_prob) -> None:
+    """A masked-LM masks a share of residues: 0 scores nothing, 1 leaves no context."""
+    if isinstance(mask_prob, bool) or not isinstance(mask_prob, (int, float)) or not 0 < mask_prob < 1:
+        raise UserError(f"mask_prob must be in (0, 1), got {mask_prob!r}")
+
+
 @torch.no_grad()
 def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
                    max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
@@ -156,6 +164,7 @@ def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: floa
     Returns ``metrics.json``'s content: the figures overall, ``buckets`` (the same figures
     per length bucket) and ``evaluation`` (objective, seed, attention kernel and whether
     proteins were seen whole or windowed)."""
+    check_mask_prob(mask_prob)
     loaded = load_model(model, device)
     net, tokenizer, objective = loaded.net, loaded.tokenizer, loaded.objective
     proteins = _as_proteins(sequences, tokenizer)
@@ -246,22 +255,16 @@ def _unique_names(paths: Sequence[str], names: Sequence[str] | None) -> list[str
     return out
 
 
-def checkpoint_step(path: str | Path) -> int | None:
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=False).get("global_step"))
-    except Exception:  # noqa: BLE001 - informative only
-        return None
-
-
 def write_csv(results: dict[str, dict], path: str | Path) -> None:
     """One row per (checkpoint, bucket); bucket "all" is the whole set."""
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["checkpoint", "bucket", *METRIC_KEYS])
-        for name, m in results.items():
-            w.writerow([name, "all", *(m[k] for k in METRIC_KEYS)])
-            for label, bm in m["buckets"].items():
-                w.writerow([name, label, *(bm[k] for k in METRIC_KEYS)])
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(["checkpoint", "bucket", *METRIC_KEYS])
+    for name, m in results.items():
+        w.writerow([name, "all", *(m[k] for k in METRIC_KEYS)])
+        for label, bm in m["buckets"].items():
+            w.writerow([name, label, *(bm[k] for k in METRIC_KEYS)])
+    write_text(path, buf.getvalue())
 
 
 def plot(results: dict[str, dict], path: str | Path, title: str | None = None) -> None:
@@ -299,7 +302,8 @@ def plot(results: dict[str, dict], path: str | Path, title: str | None = None) -
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
 
 
@@ -328,10 +332,16 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
     paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(c) for c in ckpt]
     if not paths:
         raise UserError("ckpt: no checkpoint given")
+    check_mask_prob(kwargs.get("mask_prob", 0.15))
     for p in paths:  # fail before the (slow) work on a missing file
         if not Path(p).exists():
             raise FileNotFoundError(f"checkpoint {p}: no such file")
     labels = _unique_names(paths, names)
+    out = Path(output_dir)
+    outputs = {f"output_dir/{n}": out / n for n in ("metrics.json", "metrics.csv", "metrics.png")}
+    if len(paths) > 1:
+        outputs |= {f"output_dir/{n}": out / n for n in labels}
+    refuse_overlap(outputs, {"data.path": data_path, **{f"ckpt[{i}]": p for i, p in enumerate(paths)}})
     proteins = load_proteins(data_path, format, max_records, unknown, on_invalid)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
@@ -343,16 +353,13 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
         base = "none" if m["baseline_perplexity"] is None else f"{m['baseline_perplexity']:.3f}"
         log.info("%s: perplexity %.3f (baseline %s), accuracy %.4f on %d tokens", name, m["perplexity"], base,
                  m["accuracy"], m["num_tokens"])
-    out = Path(output_dir)  # written only once every checkpoint is scored
-    out.mkdir(parents=True, exist_ok=True)
+    # written only once every checkpoint is scored, each file whole (beside, then renamed)
     if len(results) == 1:
-        (out / "metrics.json").write_text(json.dumps(next(iter(results.values())), indent=2))
+        write_json(out / "metrics.json", next(iter(results.values())), indent=2)
     else:
-        (out / "metrics.json").write_text(json.dumps({"checkpoints": results}, indent=2))
+        write_json(out / "metrics.json", {"checkpoints": results}, indent=2)
         for name, m in results.items():
-            d = out / name
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "metrics.json").write_text(json.dumps(m, indent=2))
+            write_json(out / name / "metrics.json", m, indent=2)
     write_csv(results, out / "metrics.csv")
     plot(results, out / "metrics.png", title=Path(data_path).name)
     _log_wandb(results, out / "metrics.png")

@@ -23,7 +23,6 @@ amino-acid composition of the generated residues with the training set's
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import torch
 from .device import resolve_device
 from .inference import load_model
 from .errors import UserError
+from .files import refuse_overlap, write_json, write_text
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
 
 
@@ -306,18 +306,24 @@ def _header_value(v) -> str:
 
 def write_fasta(path: str, samples: Sequence[Sample], settings: dict, width: int = 60) -> None:
     """FASTA with one record per sample; every header carries the sample's length, stop
-    reason and mean log-likelihood, then the generation settings as key=value."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
+    reason and mean log-likelihood, then the generation settings as key=value. Written
+    beside, then renamed: an existing file is replaced only by a whole one."""
     common = " ".join(f"{k}={_header_value(v)}" for k, v in settings.items())
-    with open(path, "w") as f:
-        for i, s in enumerate(samples):
-            f.write(f">sample_{i} length={len(s.sequence)} stop={'eos' if s.stopped_at_eos else 'max_length'} "
-                    f"mean_loglik={s.mean_log_likelihood:.4f} {common}\n")
-            for j in range(0, len(s.sequence), width):
-                f.write(s.sequence[j:j + width] + "\n")
-            if not s.sequence:
-                f.write("\n")
+    lines = []
+    for i, s in enumerate(samples):
+        lines.append(f">sample_{i} length={len(s.sequence)} stop={'eos' if s.stopped_at_eos else 'max_length'} "
+                     f"mean_loglik={s.mean_log_likelihood:.4f} {common}\n")
+        lines += [s.sequence[j:j + width] + "\n" for j in range(0, len(s.sequence), width)]
+        if not s.sequence:
+            lines.append("\n")
+    write_text(path, "".join(lines))
+
+
+def report_path(output: str) -> str:
+    """Where the JSON report of FASTA ``output`` goes: ``OUT.json`` for ``OUT.fasta``, and
+    ``OUT.report.json`` when the output itself ends in .json (never the FASTA itself)."""
+    stem, suffix = os.path.splitext(output)
+    return stem + (".report.json" if suffix.lower() == ".json" else ".json")
 
 
 def format_report(report: dict, summary: dict) -> str:
@@ -360,10 +366,12 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
         seed: int | None = 0, batch_size: int | None = None, device: str | None = "auto",
         progress: bool = True) -> dict:
     """Everything ``scripts/generate.py`` does: load, sample, write ``output`` (FASTA) and
-    ``output`` with a ``.json`` suffix (settings, per-sample scores, composition vs
+    :func:`report_path` (settings, per-sample scores, composition vs
     training), print the report. Returns the JSON payload."""
     if not output:
         raise GenerationError("no output given: pass output=OUT.fasta")
+    json_path = report_path(output)
+    refuse_overlap({"output": output, "output (its report)": json_path}, {"ckpt": ckpt or None})
     check_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
     try:
         dev = resolve_device(device)
@@ -388,9 +396,7 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
                "samples": [{"id": f"sample_{i}", "length": len(s.sequence), "stopped_at_eos": s.stopped_at_eos,
                             "mean_log_likelihood": s.mean_log_likelihood, "log_likelihood": s.log_likelihood,
                             "scored_tokens": s.num_scored} for i, s in enumerate(samples)]}
-    json_path = os.path.splitext(output)[0] + ".json"
-    with open(json_path, "w") as f:
-        json.dump(payload, f, indent=2)
+    write_json(json_path, payload, indent=2)
     print(format_report(report, summary))
     print(f"wrote {len(samples)} proteins to {output} and the report to {json_path}")
     return payload
@@ -398,4 +404,4 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
 
 __all__ = ["Sample", "GenerationError", "filter_logits", "sample_next", "generate", "composition",
            "composition_report", "likelihood_summary", "write_fasta", "load_generator", "run",
-           "encode_prompt", "check_settings", "format_report", "resolve_device"]
+           "encode_prompt", "check_settings", "format_report", "report_path", "resolve_device"]

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import uuid
 from dataclasses import fields
 from pathlib import Path
 
@@ -36,12 +34,15 @@ import torch
 
 from .device import resolve_device
 from .errors import UserError, one_line
+from .files import WrittenFiles
 from .model import ModelConfig, PerformerLM
 from .tokenizer import VERSION, Tokenizer
 
 CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, CARD = (
     "config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "README.md")
 REMOTE_CODE = ("configuration_protein_performer.py", "modeling_protein_performer.py")
+#: the export's list of the files it wrote: what ``overwrite`` may replace
+JOURNAL = ".protein_performer_export.json"
 MODEL_TYPE = "protein_performer"
 #: config.json keys of the model (ModelConfig's); ``causal`` follows from the objective
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))
@@ -158,24 +159,30 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
     figures go into the model card (otherwise the card says "not evaluated"). The directory
     is written beside ``output_dir`` under a temporary name, loaded back and checked to give
     the checkpoint's logits, and only then renamed into place. An existing non-empty
-    ``output_dir`` is refused unless ``overwrite``."""
+    ``output_dir`` is refused unless ``overwrite``, and even then replaced only when it is
+    an export this tool wrote (:data:`JOURNAL` lists its files) holding nothing else."""
+    from .files import atomic_path, refuse_overlap
     from .tasks import load_checkpoint  # reading a Lightning checkpoint needs Lightning; loading does not
 
     out, ckpt_path = Path(output_dir), Path(ckpt_path)
+    refuse_overlap({"output": out}, {"ckpt": ckpt_path, "metrics": metrics})
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"output {out}: exists and is not empty (overwrite=true replaces it)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(f"output {out}: exists and is not empty (overwrite=true replaces it)")
+        check_replaceable(out)
     module = load_checkpoint(str(ckpt_path))
-    step = _global_step(ckpt_path)
+    step = checkpoint_step(ckpt_path)
     config = export_config(module.model.config, dict(module.hparams), step)
     evaluation = read_metrics(Path(metrics), config) if metrics else None
     run_config = _run_config(ckpt_path)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_path(out) as tmp:  # the old directory stays until the new one is whole and checked
+        tmp.mkdir()
+        written = WrittenFiles(tmp / JOURNAL)
+        for name in (CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, *REMOTE_CODE, CARD):
+            written.record(tmp / name)
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         _write_weights(module.model, tmp / WEIGHTS)
         shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)  # safetensors writes owner-only; share like the rest
@@ -185,11 +192,21 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
         (tmp / CARD).write_text(model_card(config, module.model, step, run_config, evaluation),
                                 encoding="utf-8")
         _check_export(tmp, module.model)
-        _move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
+
+
+def check_replaceable(out: Path) -> None:
+    """One line unless ``out`` is an export this tool wrote that holds only the files it wrote:
+    ``overwrite`` never deletes a folder, or a file in it, that export did not write."""
+    if not (out / JOURNAL).is_file():
+        raise UserError(f"output {out}: not a directory written by export (no {JOURNAL}); "
+                        f"overwrite=true replaces only an earlier export, choose another output")
+    written = WrittenFiles(out / JOURNAL)
+    other = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                   if p.name != JOURNAL and p not in written and not (p.is_dir() and any(p.iterdir())))
+    if other:
+        raise UserError(f"output {out}: holds {_some(other)}, not written by export; overwrite=true would "
+                        f"delete it: move it away or choose another output")
 
 
 def export_config(model: ModelConfig, hparams: dict, step: int | None) -> dict:
@@ -242,9 +259,20 @@ def read_metrics(path: Path, config: dict) -> dict:
     return m
 
 
-def _global_step(ckpt_path: Path) -> int | None:
-    """The checkpoint's optimizer step (memory-mapped: the weights are not read again)."""
-    return torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True).get("global_step")
+def checkpoint_step(path) -> int | None:
+    """The optimizer step of a training checkpoint (read without unpickling: ``weights_only``,
+    memory-mapped, so the weights are not read again) or of an exported directory; None when
+    not recorded or not readable."""
+    p = Path(path)
+    if is_pretrained_dir(p):
+        step = read_config(p / CONFIG).get("global_step")
+    else:
+        try:
+            ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - informative only; the loader names a bad file
+            return None
+        step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    return int(step) if isinstance(step, int) else None
 
 
 def _run_config(ckpt_path: Path) -> dict | None:
@@ -287,17 +315,6 @@ def _check_export(d: Path, model: PerformerLM) -> None:
     model.train(was_training)
     if not same:
         raise RuntimeError(f"{d}: the exported model does not reproduce the checkpoint's logits (a bug)")
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the complete directory to ``out``; an existing one (overwrite) is swapped out first."""
-    if out.is_dir() and any(out.iterdir()):
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)  # also over an empty directory
 
 
 def _package_version() -> str | None:

@@ -32,13 +32,19 @@ log = logging.getLogger(__name__)
 
 
 # --- inputs ----------------------------------------------------------------------------
+#: attributes of scripts/embed.py's HDF5 files that say which model and layers gave the rows
+MODEL_ATTRS = ("model_sha256", "checkpoint_sha256", "layers", "precision")
+
+
 def load_embeddings(paths: str | Path | Sequence[str | Path], pooling: str = "mean",
                     layer: int | None = None) -> tuple[list[str], np.ndarray]:
     """ids and (N, D) rows from one or more HDF5 files written by ``scripts/embed.py``.
-    ``layer`` picks ``<pooling>/<layer>`` when a file holds several layers."""
+    ``layer`` picks ``<pooling>/<layer>`` when a file holds several layers. Files of
+    different dimensions or of different models (their identity attributes), an id given
+    two different rows and non-finite rows are one-line errors: one probe, one feature space."""
     import h5py
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    ids, rows = [], []
+    ids, rows, first = [], [], None
     for p in paths:
         if not Path(p).is_file():
             raise FileNotFoundError(f"embeddings {p}: no such file")
@@ -57,9 +63,39 @@ def load_embeddings(paths: str | Path | Sequence[str | Path], pooling: str = "me
                 if str(layer) not in node:
                     raise UserError(f"embeddings {p}: no layer {layer} under '{pooling}' (has {layers})")
                 node = node[str(layer)]
-            ids += [x.decode() if isinstance(x, bytes) else x for x in f["ids"][:]]
-            rows.append(np.asarray(node[:], dtype=np.float32))
-    return ids, np.concatenate(rows)
+            x = np.asarray(node[:], dtype=np.float32)
+            names = [v.decode() if isinstance(v, bytes) else str(v) for v in f["ids"][:]]
+            model = {k: _plain(f.attrs[k]) for k in MODEL_ATTRS if k in f.attrs}
+        if x.ndim != 2 or len(x) != len(names):
+            raise UserError(f"embeddings {p}: '{pooling}' has shape {x.shape}, expected ({len(names)}, dim)")
+        bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+        if bad.size:
+            raise UserError(f"embeddings {p}: protein {names[bad[0]]!r} has a non-finite embedding "
+                            f"({bad.size} such rows); embed it again")
+        if first is None:
+            first = (p, x.shape[1], model)
+        elif x.shape[1] != first[1]:
+            raise UserError(f"embeddings {p}: dimension {x.shape[1]}, but {first[0]} has {first[1]}; "
+                            f"embed both with the same model")
+        else:
+            diff = [k for k in model if k in first[2] and model[k] != first[2][k]]
+            if diff:
+                raise UserError(f"embeddings {p}: made with another model than {first[0]} ({diff[0]} "
+                                f"{model[diff[0]]} vs {first[2][diff[0]]}); embed both with the same model")
+        ids += names
+        rows.append(x)
+    X = np.concatenate(rows)
+    seen: dict[str, int] = {}
+    for i, rid in enumerate(ids):
+        j = seen.setdefault(rid, i)
+        if j != i and not np.array_equal(X[i], X[j]):
+            raise UserError(f"embeddings {', '.join(map(str, paths))}: id {rid!r} has two different embeddings")
+    return ids, X
+
+
+def _plain(v):
+    """An HDF5 attribute as a comparable Python value."""
+    return v.tolist() if isinstance(v, np.ndarray) else v.decode() if isinstance(v, bytes) else v
 
 
 @dataclass
@@ -72,14 +108,21 @@ class Labels:
     skipped: dict = field(default_factory=dict)
 
 
+#: label cells that mean "no label": the row is skipped and counted, with a warning
+MISSING = {"", "na", "n/a", "nan", "null", "none"}
+
+
 def read_labels(path: str | Path) -> Labels:
     """A label table: columns ``label`` and ``id`` and/or ``seq`` (optionally ``split``).
-    Rows with an empty label or sequence are counted, not fatal."""
+    Rows with an empty sequence or a missing label (:data:`MISSING`) are counted, not fatal;
+    a protein listed twice is counted once, and with two different labels is an error
+    naming both lines."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"labels {path}: no such file")
     delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
-    ids, labels, seqs, split, skipped = [], [], [], [], {"empty": 0}
+    ids, labels, seqs, split, skipped = [], [], [], [], {"empty": 0, "duplicate": 0}
+    first: dict[str, tuple[int, str]] = {}  # id -> (line, label)
     reader = csv.reader((line for _, line in _lines(path)), delimiter=delim, strict=True)
     try:
         header = [h.strip().lower() for h in next(reader, [])]
@@ -96,10 +139,19 @@ def read_labels(path: str | Path) -> Labels:
                 raise UserError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
             label = row[col["label"]].strip()
             seq = row[col["seq"]].strip() if "seq" in col else None
-            if not label or (seq is not None and not seq):
+            if label.lower() in MISSING or (seq is not None and not seq):
                 skipped["empty"] += 1
                 continue
-            ids.append(row[col["id"]].strip() if "id" in col else sequence_id(seq))
+            rid = row[col["id"]].strip() if "id" in col else sequence_id(seq)
+            if rid in first:
+                line, old = first[rid]
+                if old != label:
+                    raise UserError(f"{path}:{n}: protein {rid!r} labeled {label!r}, but {old!r} on line {line}; "
+                                    f"one label per protein")
+                skipped["duplicate"] += 1
+                continue
+            first[rid] = (n, label)
+            ids.append(rid)
             labels.append(label)
             seqs.append(seq)
             split.append(row[col["split"]].strip().lower() if "split" in col else None)
@@ -107,6 +159,9 @@ def read_labels(path: str | Path) -> Labels:
         raise UserError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
     if not ids:
         raise UserError(f"{path}: no labeled rows")
+    if any(skipped.values()):
+        log.warning("%s: skipped %d rows without a label or sequence and %d repeated rows", path,
+                    skipped["empty"], skipped["duplicate"])
     return Labels(ids, labels, seqs if "seq" in col else None, split if "split" in col else None,
                   str(path), skipped)
 
@@ -237,6 +292,7 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     if any(len(g[0]) == 0 for g in gathered):
         raise UserError(f"no labeled rows of {labels} match ids in {embeddings} "
                          f"(CSV rows without an id column are matched by sequence_id(seq))")
+    check_split(gathered, task, labels, test_labels or labels)
     # subsample (seeded) and build features
     caps = [max_train, max_test]
     feats = []
@@ -276,6 +332,27 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     if shuffle_control:
         result["shuffled_labels"] = fit("shuffled labels", Xtr, rng.permutation(ytr), Xte)
     return result
+
+
+def check_split(gathered: list, task: str, train_source, test_source) -> None:
+    """Refuse what no probe can score honestly: a training set of one class, a regression
+    target that never varies, a test set made of training proteins (a warning when only
+    some are)."""
+    y = gathered[0][1]
+    if len(np.unique(y)) < 2:
+        what = "class" if task == "classification" else "value"
+        raise UserError(f"labels {train_source}: every training protein has the same label '{y[0]}'; "
+                        f"a probe needs at least two {what}s")
+    if len(gathered) < 2:
+        return
+    train, test = set(gathered[0][0].tolist()), gathered[1][0].tolist()
+    both = sum(r in train for r in test)
+    if both == len(test):
+        raise UserError(f"labels {test_source}: every test protein is also a training protein; "
+                        f"the test set must hold other proteins")
+    if both:
+        log.warning("%d of %d test proteins of %s are also training proteins: the scores are optimistic",
+                    both, len(test), test_source)
 
 
 def format_result(r: dict) -> str:

@@ -244,12 +244,20 @@ def test_export_refuses_existing_output_and_replaces_it_when_asked(tmp_path):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match=r"output .*shared: exists and is not empty \(overwrite=true"):
         export(ckpt, out)
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    export(ckpt, out, overwrite=True)
-    assert not (out / "notes.txt").exists() and is_pretrained_dir(out)
+    with pytest.raises(UserError, match=r"output .*shared: not a directory written by export"):
+        export(ckpt, out, overwrite=True)  # overwrite replaces only an earlier export
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
     empty = tmp_path / "empty"
     empty.mkdir()
     export(ckpt, empty)  # an empty directory is fine
+    weights = (empty / "model.safetensors").read_bytes()
+    (empty / "model.safetensors").write_bytes(b"stale")
+    export(ckpt, empty, overwrite=True)  # an earlier export is replaced whole
+    assert (empty / "model.safetensors").read_bytes() == weights
+    (empty / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"output .*empty: holds notes.txt, not written by export"):
+        export(ckpt, empty, overwrite=True)
+    assert (empty / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "run", "shared"]  # no temporary left
 
 

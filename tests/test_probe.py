@@ -118,7 +118,7 @@ def test_read_labels_errors_and_skips(tmp_path):
         read_labels(p)
     p.write_text("seq,label\nMKT,1\nMKV,\nACD,0\n")
     t = read_labels(p)
-    assert t.ids == [sequence_id("MKT"), sequence_id("ACD")] and t.skipped == {"empty": 1}
+    assert t.ids == [sequence_id("MKT"), sequence_id("ACD")] and t.skipped == {"empty": 1, "duplicate": 0}
     with pytest.raises(FileNotFoundError, match="nope.csv"):
         load_embeddings(tmp_path / "nope.csv")
     # a byte-order mark before the header (spreadsheet exports) and non-ASCII residues
