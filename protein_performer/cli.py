@@ -3,6 +3,13 @@ taking the same Hydra overrides as ``python scripts/<job>.py`` (the scripts call
 
 Start-up is cheap: only Hydra is imported before the job runs, so ``--help`` answers at
 once; the job's module (torch, Lightning, wandb) is imported when the job starts.
+
+The config is composed once before ``hydra.main`` runs, so Hydra's own errors (a key typo,
+an unknown group option, a bad override) are one ``error:`` line with exit status 2 like
+every other error, and nothing is written yet. That composition also fixes the run folder
+(``hydra.run.dir``, handed on to ``hydra.main``), which a training run checks and records
+before Hydra writes into it (:func:`protein_performer.run_folder.open_run_folder`); Hydra's
+flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchanged.
 """
 from __future__ import annotations
 
@@ -15,11 +22,13 @@ class Command(NamedTuple):
     config: str      # conf/<config>.yaml
     target: str      # "module:function" taking the composed config
     summary: str
+    run_folder: bool = False  # a training run folder: checked and recorded before Hydra writes into it
 
 
 COMMANDS = {
     "train": Command("train", "protein_performer.commands:train",
-                     "train a protein language model (masked or causal) on the bundled sample, FASTA, .dat or TrEMBL"),
+                     "train a protein language model (masked or causal) on the bundled sample, FASTA, .dat or TrEMBL",
+                     run_folder=True),
     "prepare": Command("prepare_data", "protein_performer.commands:prepare",
                        "download and prepare a FASTA / UniProt .dat file into memory-mapped token shards"),
     "evaluate": Command("evaluate", "protein_performer.commands:evaluate",
@@ -48,9 +57,11 @@ def usage() -> str:
 def run(command: str, argv: list[str] | None = None, prog: str | None = None) -> None:
     """Compose conf/<config>.yaml with ``argv`` (Hydra overrides and flags) and run the job;
     ``prog`` is how messages name the command (default ``protein-performer <command>``)."""
+    import contextlib
+
     import hydra
 
-    from .errors import cli
+    from .errors import USER_ERRORS, cli, fail, one_line
     from .resources import conf_dir
 
     spec = COMMANDS[command]
@@ -59,13 +70,91 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
         args.append(f"hydra.job.name={command}")
     sys.argv = [prog or f"protein-performer {command}", *args]
     module, function = spec.target.split(":")
+    folder = run_dir = None
+    if not any(a.startswith("-") for a in args):
+        try:
+            cfg = compose(spec.config, args)
+            run_dir = str(cfg.hydra.run.dir)
+        except USER_ERRORS as e:
+            fail(one_line(e))
+        except Exception:  # a run dir that only Hydra's own run can resolve: left to it
+            run_dir = None
+    if run_dir is not None:
+        try:
+            sys.argv = [sys.argv[0], *(a for a in args if not a.startswith("hydra.run.dir=")),
+                        f"hydra.run.dir={quote(run_dir)}"]  # ${now:...} as composed here, not a second later
+            from .run_folder import check_folder_path, open_run_folder
+            check_folder_path(run_dir, "hydra.run.dir")  # Hydra creates it for every command
+            if spec.run_folder:
+                folder = open_run_folder(run_dir, cfg.hydra.job.name, cfg.get("ckpt_path"),
+                                         bool(cfg.get("overwrite")))
+        except USER_ERRORS as e:
+            fail(one_line(e))
 
     @hydra.main(config_path=str(conf_dir()), config_name=spec.config, version_base="1.3")
     @cli
     def job(cfg):
-        return getattr(importlib.import_module(module), function)(cfg)
+        with folder.discard_on_user_error() if folder else contextlib.nullcontext():
+            return getattr(importlib.import_module(module), function)(cfg)
 
     job()
+
+
+def compose(config: str, args: list[str]):
+    """The config ``hydra.main`` will compose (with ``hydra``), Hydra's errors as one-line UserErrors."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .resources import conf_dir
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return hydra_compose(config, overrides=args, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        from .errors import UserError
+        raise UserError(hydra_message(e, config, args)) from None
+
+
+def hydra_message(e: BaseException, config: str, args: list[str]) -> str:
+    """One line for what Hydra raised while composing: the override, what is wrong, what would work."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        return f"{group}={name}: no such option; choose one of {', '.join(e.options)}"
+    if isinstance(e, OverrideParseException):
+        return f"{e.override}: not a valid override ({e.message.splitlines()[0]})"
+    if isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)) and getattr(e.__cause__, "full_key", None):
+        key = e.__cause__.full_key
+        arg = next((a for a in args if a.split("=", 1)[0] == key), key)
+        hint = did_you_mean(key, config, [a for a in args if a != arg])
+        return f"{arg}: no key {key} in the {config} config{hint} (add a new key with +{arg})"
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return text.split("; Config search path:")[0] or type(e).__name__
+
+
+def did_you_mean(key: str, config: str, args: list[str]) -> str:
+    """`` (did you mean trainer.max_steps?)`` from the keys beside ``key`` in the composed config."""
+    import difflib
+
+    from omegaconf import OmegaConf
+    parent, _, leaf = key.rpartition(".")
+    try:
+        cfg = compose(config, args)
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        keys = [str(k) for k in node.keys()] if OmegaConf.is_dict(node) else []
+    except Exception:  # only a hint: the message stands without it
+        return ""
+    close = difflib.get_close_matches(leaf, keys, n=1)
+    return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+
+
+def quote(value: str) -> str:
+    """``value`` as a Hydra override value (quoted where the override grammar would read it)."""
+    if all(c.isalnum() or c in "/._-:+~@" for c in value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def main(argv: list[str] | None = None) -> None:

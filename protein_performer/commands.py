@@ -23,11 +23,8 @@ def _require(cfg: DictConfig, *keys: str, example: str) -> None:
 def train(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .run_folder import discard_on_user_error
     from .training import train as train_run
-    hc = HydraConfig.get()
-    with discard_on_user_error(hc.runtime.output_dir, hc.job.name, stop_at=hc.runtime.cwd):
-        train_run(cfg, hc.runtime.output_dir)
+    train_run(cfg, HydraConfig.get().runtime.output_dir)  # cli.run checked the folder and cleans up after a user error
 
 
 def prepare(cfg: DictConfig) -> None:

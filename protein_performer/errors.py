@@ -19,8 +19,20 @@ class UserError(ValueError):
     """Bad input or settings, with a one-line message naming the file / record / line / key."""
 
 
-#: what :func:`cli` reports in one line with exit status 2 (the rest are bugs: traceback)
-USER_ERRORS = (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+#: what :func:`cli` reports in one line with exit status 2 (the rest are bugs: traceback);
+#: FileExistsError / NotADirectoryError: an output path below a regular file
+USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+               PermissionError)
+
+
+def user_error(e: BaseException) -> BaseException | None:
+    """``e``, or the exception it was raised from (``raise ... from``), when that is a user
+    error: Hydra wraps what a ``_target_`` raised (``data.max_tokens=0``) in its own type."""
+    while e is not None:
+        if isinstance(e, USER_ERRORS):
+            return e
+        e = e.__cause__
+    return None
 
 
 def one_line(e: BaseException) -> str:
@@ -44,7 +56,14 @@ def cli(main):
     def run(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except USER_ERRORS as e:
-            print(f"error: {one_line(e)}", file=sys.stderr)
-            sys.exit(EXIT_USER_ERROR)
+        except Exception as e:
+            if (user := user_error(e)) is None:
+                raise
+            fail(one_line(user))
     return run
+
+
+def fail(message: str) -> None:
+    """Print ``error: message`` on stderr and exit with status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)

@@ -57,8 +57,22 @@ class ModelConfig:
             raise UserError(f"model.position must be 'rotary' or 'learned', got {self.position!r}")
         if self.attention.kernel not in KERNELS:
             raise UserError(f"model.attention.kernel={self.attention.kernel!r}: choose one of {', '.join(KERNELS)}")
+        for key in ("vocab_size", "dim", "depth", "heads", "ff_mult", "max_positions"):
+            _positive_int(f"model.{key}", getattr(self, key))
+        _positive_int("model.attention.nb_features", self.attention.nb_features)
+        _positive_int("model.attention.chunk_size", self.attention.chunk_size)
+        if self.attention.kernel == "trig" and self.attention.nb_features % 2:
+            raise UserError(f"model.attention.nb_features={self.attention.nb_features}: the trig kernel "
+                            f"needs an even number (sin and cos features)")
+        if self.attention.redraw_interval:  # 0 / None: never redraw
+            _positive_int("model.attention.redraw_interval", self.attention.redraw_interval)
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise UserError(f"model.dropout must be a number in [0, 1), got {self.dropout!r}")
         if self.dim % self.heads:
             raise UserError(f"model.dim={self.dim} is not divisible by model.heads={self.heads}")
+        if (self.dim // self.heads) % 2 and self.position == "rotary":
+            raise UserError(f"model.dim / model.heads = {self.dim // self.heads} is odd; rotary positions "
+                            f"rotate pairs of features: use an even head size or model.position=learned")
 
     @classmethod
     def from_dict(cls, d: Mapping, **extra) -> "ModelConfig":
@@ -71,6 +85,12 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _positive_int(key: str, value) -> None:
+    """Checked before any work: ``model.depth=0`` would train a model without layers, exit 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{key} must be a positive integer, got {value!r}")
 
 
 def _known(cls, d: Mapping, where: str) -> dict:

@@ -1,10 +1,20 @@
-"""Where a training run writes, and what a failed one leaves there.
+"""Where a training run writes, what it may replace, and what a failed one leaves there.
 
-Hydra creates the run folder (``.hydra/``, ``<job>.log``) before the command runs. A run
-that stops on a user error before it wrote anything of its own removes those files again,
-so a typo leaves no folder to mistake for a run. And a run never writes into a folder that
-holds another run's checkpoints, unless it resumes that run (``ckpt_path`` inside it) or
-is told to replace them (``overwrite=true``): one folder, one run, one ``last.ckpt``.
+A run folder holds one run: ``config.yaml``, ``checkpoints/``, Hydra's ``.hydra/`` and
+``<job>.log``, and a journal (``.protein-performer.json``, :class:`files.WrittenFiles`)
+of the files the tool wrote there. Everything that deletes or replaces a file goes by
+that journal, never by name:
+
+- before Hydra writes anything (``cli.run`` composes the config first), :func:`open_run_folder`
+  refuses a folder whose ``config.yaml`` / ``<job>.log`` / ``.hydra/`` the tool did not write
+  (``hydra.run.dir=.`` in a project of the user's own) or that holds another run's
+  checkpoints, and notes which paths this invocation is about to create;
+- a run that stops on a user error (:meth:`RunFolder.discard_on_user_error`) removes exactly
+  those paths again, so a typo leaves no folder and the user's files stay as they were;
+- ``overwrite=true`` moves the old checkpoints aside only when training starts and deletes
+  them once it succeeded (:func:`replacing_checkpoints`): a run that fails puts them back;
+- an old best checkpoint is deleted only if this folder's journal recorded it (a resume
+  from another folder never deletes that folder's files).
 """
 from __future__ import annotations
 
@@ -12,9 +22,16 @@ import contextlib
 import os
 from pathlib import Path
 
-from .errors import USER_ERRORS, UserError
+from .errors import UserError, user_error
+from .files import WrittenFiles
 
+JOURNAL = ".protein-performer.json"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+REPLACED = ".replaced"  # checkpoints/.replaced/: the old run's checkpoints while overwrite=true trains
+
+
+def journal(run_dir: str | Path) -> WrittenFiles:
+    return WrittenFiles(Path(run_dir) / JOURNAL)
 
 
 def checkpoints_in(ckpt_dir: str | Path) -> list[Path]:
@@ -24,48 +41,114 @@ def checkpoints_in(ckpt_dir: str | Path) -> list[Path]:
 
 def check_run_folder(ckpt_dir: str | Path, ckpt_path: str | None, overwrite: bool) -> None:
     """Refuse a folder that already holds checkpoints, unless resuming from it or overwriting."""
+    ckpt_dir = Path(ckpt_dir)
+    if (ckpt_dir / REPLACED).exists():
+        raise UserError(f"{ckpt_dir / REPLACED}: holds the checkpoints an interrupted overwrite=true run was "
+                        f"replacing; move them back into {ckpt_dir} (or delete them), then rerun")
     found = checkpoints_in(ckpt_dir)
     if not found or overwrite:
         return
-    if ckpt_path and Path(ckpt_path).resolve().parent == Path(ckpt_dir).resolve():
+    if ckpt_path and Path(ckpt_path).resolve().parent == ckpt_dir.resolve():
         return  # resuming this very run: it goes on writing its own last.ckpt
     names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
     raise UserError(f"{ckpt_dir}: already holds checkpoints ({names}) of another run: resume it with "
-                    f"ckpt_path={Path(ckpt_dir) / 'last.ckpt'}, train into a new folder (hydra.run.dir=...), "
+                    f"ckpt_path={ckpt_dir / 'last.ckpt'}, train into a new folder (hydra.run.dir=...), "
                     f"or set overwrite=true to replace them")
 
 
-def remove_checkpoints(ckpt_dir: str | Path) -> None:
-    """``overwrite=true``: the old run's checkpoints go, so no stale best-<step>.ckpt stays beside the new ones."""
-    for p in checkpoints_in(ckpt_dir):
-        p.unlink()
+def check_own_files(run_dir: str | Path, names: tuple[str, ...]) -> None:
+    """Refuse to write ``names`` into ``run_dir`` where a file of that name exists that no run
+    of this tool wrote (not in the journal; a folder holding checkpoints is a run's, journal or not)."""
+    run_dir = Path(run_dir)
+    if checkpoints_in(run_dir / "checkpoints"):
+        return
+    ours = journal(run_dir)
+    foreign = [n for n in names if (run_dir / n).exists() and run_dir / n not in ours]
+    if foreign:
+        raise UserError(f"{run_dir}: already holds {', '.join(foreign)}, not written by a training run; "
+                        f"a run would replace them: train into a new folder (hydra.run.dir=...)")
+
+
+def check_folder_path(path: str | Path, key: str) -> None:
+    """A folder to create, below a regular file: one line before anything is written."""
+    for d in (Path(path), *Path(path).parents):
+        if d.exists():
+            if not d.is_dir():
+                raise UserError(f"{key}={path}: {d} is a file, not a folder")
+            return
+
+
+class RunFolder:
+    """What this invocation is about to create in a run folder (see :func:`open_run_folder`)."""
+
+    def __init__(self, run_dir: Path, created: list[Path]):
+        self.dir, self.created = run_dir, created
+
+    @contextlib.contextmanager
+    def discard_on_user_error(self):
+        """On a user error, remove the paths this invocation created (Hydra's files, the
+        config, the journal, the folders), unless it wrote checkpoints; a bug keeps all."""
+        try:
+            yield
+        except Exception as e:
+            if user_error(e) is not None and not checkpoints_in(self.dir / "checkpoints"):
+                self.discard()
+            raise
+
+    def discard(self) -> None:
+        written = journal(self.dir)
+        for p in reversed(self.created):  # files first, then folders deepest first (only if empty)
+            if p.is_dir() and not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+            elif p.name != JOURNAL:
+                p.unlink(missing_ok=True)
+                written.forget(p)
+            elif p.exists():  # a journal this invocation created: nothing of it stays
+                written.journal.unlink()
+
+
+def open_run_folder(run_dir: str | Path, job_name: str, ckpt_path: str | None, overwrite: bool) -> RunFolder:
+    """Check a training run folder before Hydra writes into it; record (in its journal) the
+    files Hydra and the run will write, and return what this invocation creates."""
+    run_dir = Path(run_dir).absolute()
+    check_folder_path(run_dir, "hydra.run.dir")
+    names = (*HYDRA_FILES, f"{job_name}.log", "config.yaml")
+    check_run_folder(run_dir / "checkpoints", ckpt_path, overwrite)
+    check_own_files(run_dir, names)
+    missing_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()][::-1]
+    created = missing_dirs + [p for p in (run_dir / ".hydra", run_dir / "checkpoints", run_dir / JOURNAL,
+                                          *(run_dir / n for n in names)) if not p.exists()]
+    written = journal(run_dir)
+    for n in names:  # recorded before they are written
+        written.record(run_dir / n)
+    return RunFolder(run_dir, created)
 
 
 @contextlib.contextmanager
-def discard_on_user_error(run_dir: str | Path, job_name: str, *, stop_at: str | Path | None = None):
-    """On a user error, remove Hydra's files and what the run wrote before training
-    (``config.yaml``), then the folder and its empty parents up to ``stop_at`` (the working
-    directory), unless the folder holds checkpoints. Only known files are removed."""
+def replacing_checkpoints(ckpt_dir: str | Path, written: WrittenFiles, enabled: bool):
+    """``overwrite=true``: the old run's checkpoints wait in ``checkpoints/.replaced/`` while the
+    new run trains; they are deleted when it succeeded and put back when it fails (the
+    checkpoints it wrote removed first). Rank zero only."""
+    ckpt_dir = Path(ckpt_dir)
+    old = checkpoints_in(ckpt_dir) if enabled else []
+    if not old:
+        yield
+        return
+    aside = ckpt_dir / REPLACED
+    aside.mkdir()
+    for p in old:
+        os.replace(p, aside / p.name)
     try:
         yield
-    except USER_ERRORS:
-        run_dir = Path(run_dir)
-        if not checkpoints_in(run_dir / "checkpoints"):
-            for name in (*HYDRA_FILES, f"{job_name}.log", "config.yaml"):
-                (run_dir / name).unlink(missing_ok=True)
-            _remove_empty(run_dir / ".hydra", run_dir / "checkpoints")
-            stop = Path(stop_at or os.getcwd()).resolve()
-            d = run_dir.resolve()
-            while d != stop and _remove_empty(d) and stop in d.parents:
-                d = d.parent
+    except BaseException:
+        for p in checkpoints_in(ckpt_dir):
+            if p in written:
+                p.unlink()
+        for p in old:
+            os.replace(aside / p.name, p)
+        aside.rmdir()
         raise
-
-
-def _remove_empty(*dirs: Path) -> bool:
-    ok = True
-    for d in dirs:
-        try:
-            d.rmdir()
-        except OSError:
-            ok = False
-    return ok
+    for p in old:
+        (aside / p.name).unlink()
+    aside.rmdir()

@@ -1,14 +1,18 @@
 """Build everything a training run needs from a composed Hydra config and run it.
 
-The input is opened and checked before anything is written; the run folder then holds
-``config.yaml`` and ``checkpoints/``: ``last.ckpt`` (the final step; a resume goes on
-writing it) and ``best-<step>.ckpt`` (lowest validation loss, the final state's included,
-so it exists even when training ends before the first validation).
+The settings, the resume checkpoint and the input are checked before anything is written;
+the run folder then holds ``config.yaml`` and ``checkpoints/``: ``last.ckpt`` (the final
+step; a resume goes on writing it) and ``best-<step>.ckpt`` (lowest validation loss, the
+final state's included, so it exists even when training ends before the first validation).
+Checkpoints are written beside and renamed (a kill leaves the previous one whole), recorded
+in the run folder's journal, and only recorded ones are ever deleted (see run_folder).
+A checkpoint is opened with ``weights_only=True``: tensors and plain data, never code.
 """
 from __future__ import annotations
 
 import logging
 import math
+import pickle
 import shutil
 import zipfile
 from pathlib import Path
@@ -21,8 +25,11 @@ from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
 from .errors import UserError, first_line
+from .files import atomic_path
+from .model import ModelConfig
+from .objectives import check_objective
 from .quiet import quiet_libraries
-from .run_folder import check_run_folder, remove_checkpoints
+from .run_folder import check_own_files, check_run_folder, journal, replacing_checkpoints
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
 from .tasks import ProteinLM
 
@@ -46,12 +53,57 @@ def check_checkpoint(path: str) -> None:
         raise FileNotFoundError(f"ckpt_path={path}: no such checkpoint file")
     if not zipfile.is_zipfile(p):
         raise UserError(f"ckpt_path={path}: not a checkpoint (not a file written by torch.save)")
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=False, mmap=True)  # mmap: no full read
+    try:  # weights_only: a pickle that would run code is refused; mmap: no full read
+        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise UserError(f"ckpt_path={path}: refused: it holds Python objects other than tensors and plain data "
+                        f"(loading it could run code); a training checkpoint holds none") from e
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
         raise UserError(f"ckpt_path={path}: not a checkpoint ({first_line(e)})") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "loops" not in ckpt:
         raise UserError(f"ckpt_path={path}: not a Lightning training checkpoint (no training state to resume)")
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The model, objective and optimiser settings, before the input is read or a file written."""
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    ModelConfig.from_dict(model_cfg, causal=cfg.objective.name == "clm")
+    check_objective(cfg.objective.name)
+    o = cfg.optim
+    if not (isinstance(o.lr, (int, float)) and o.lr > 0):
+        raise UserError(f"optim.lr must be a positive number, got {o.lr!r}")
+    if not (isinstance(o.warmup_steps, int) and o.warmup_steps >= 0):
+        raise UserError(f"optim.warmup_steps must be a non-negative integer, got {o.warmup_steps!r}")
+    if not (isinstance(o.min_lr_ratio, (int, float)) and 0 <= o.min_lr_ratio <= 1):
+        raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio!r}")
+
+
+class RecordedCheckpoint(ModelCheckpoint):
+    """Lightning's callback, writing each checkpoint beside and renaming it, recording it in
+    the run folder's journal first, and deleting only the ones recorded there."""
+
+    def __init__(self, written, **kw):
+        super().__init__(**kw)
+        self.written = written
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not trainer.is_global_zero:
+            return super()._save_checkpoint(trainer, filepath)
+        save_whole(self.written, filepath, lambda tmp: super(RecordedCheckpoint, self)._save_checkpoint(trainer, tmp))
+        self._last_checkpoint_saved = filepath
+
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not trainer.is_global_zero or filepath in self.written:
+            super()._remove_checkpoint(trainer, filepath)
+            if trainer.is_global_zero:
+                self.written.forget(filepath)
+
+
+def save_whole(written, path: str | Path, save) -> None:
+    """Record ``path``, then ``save(tmp)`` beside it and rename: a kill leaves the old file whole."""
+    written.record(path)
+    with atomic_path(path) as tmp:
+        save(str(tmp))
 
 
 def choose_best(trainer: pl.Trainer, callback: ModelCheckpoint, val_loss: float | None) -> tuple[Path | None, bool]:
@@ -80,25 +132,29 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
     ckpt_path = cfg.get("ckpt_path")
+    overwrite = bool(cfg.get("overwrite"))
+    check_settings(cfg)
     if ckpt_path:
         check_checkpoint(ckpt_path)
-    check_run_folder(ckpt_dir, ckpt_path, bool(cfg.get("overwrite")))
+    check_run_folder(ckpt_dir, ckpt_path, overwrite)
+    check_own_files(run_dir, ("config.yaml",))
+    datamodule = hydra.utils.instantiate(cfg.data)  # checks the data settings
     print(OmegaConf.to_yaml(cfg, resolve=True))
-    datamodule = hydra.utils.instantiate(cfg.data)
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.get("overwrite") and rank_zero_only.rank == 0:
-        remove_checkpoints(ckpt_dir)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     task = build_task(cfg, getattr(datamodule, "aa_frequencies", None))
+    written = journal(run_dir)
+    zero = rank_zero_only.rank == 0
+    if zero:
+        written.record(run_dir / "config.yaml")
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.get("compile"):  # in place: state_dict keys and checkpoints are unchanged
         task.model.compile(dynamic=True)
     n_params = sum(p.numel() for p in task.parameters())
     log.info("model: %s, %.2f M parameters", cfg.model.get("name", "?"), n_params / 1e6)
 
-    checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="best-{step}", monitor="val/loss", mode="min",
+    checkpoint = RecordedCheckpoint(written, dirpath=ckpt_dir, filename="best-{step}", monitor="val/loss", mode="min",
                                  save_top_k=1, save_last=True, auto_insert_metric_name=False,
                                  enable_version_counter=False)  # a resume overwrites last.ckpt, no last-v1
     callbacks = [checkpoint]
@@ -109,18 +165,23 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
         logger.log_hyperparams(run_config(cfg, task))
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, default_root_dir=str(run_dir), logger=logger,
                                                   callbacks=callbacks)
-    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
-    results = trainer.validate(task, datamodule=datamodule, verbose=False)[0]
-    summary = {k: float(v) for k, v in results.items()}
-    old_best = checkpoint.best_model_path
-    best, final_is_best = choose_best(trainer, checkpoint, summary.get("val/loss"))
-    # max_steps can end between validations, when the callback saves nothing: keep the final step
-    last = ckpt_dir / "last.ckpt"
-    trainer.save_checkpoint(last, weights_only=False)
-    if final_is_best and trainer.is_global_zero:
-        shutil.copyfile(last, best)  # the final state: same weights and step as last.ckpt
-        if old_best and Path(old_best).is_file() and Path(old_best) != best:
-            Path(old_best).unlink()
+    with replacing_checkpoints(ckpt_dir, written, overwrite and zero):
+        trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        results = trainer.validate(task, datamodule=datamodule, verbose=False)[0]
+        summary = {k: float(v) for k, v in results.items()}
+        old_best = checkpoint.best_model_path
+        best, final_is_best = choose_best(trainer, checkpoint, summary.get("val/loss"))
+        # max_steps can end between validations, when the callback saves nothing: keep the final step
+        last = ckpt_dir / "last.ckpt"
+        if trainer.is_global_zero:
+            save_whole(written, last, lambda tmp: trainer.save_checkpoint(tmp, weights_only=False))
+        else:
+            trainer.save_checkpoint(last, weights_only=False)
+        if final_is_best and trainer.is_global_zero:
+            save_whole(written, best, lambda tmp: shutil.copyfile(last, tmp))  # the final state, as last.ckpt
+            # only this folder's own old best: a resume from another run's folder never deletes its files
+            if old_best and Path(old_best) != best and Path(old_best).parent.resolve() == ckpt_dir.resolve():
+                written.remove(old_best)
     if trainer.is_global_zero:
         ppl, base = summary.get("val/perplexity", math.nan), summary.get("val/baseline_perplexity", math.nan)
         acc, base_acc = summary.get("val/accuracy", math.nan), summary.get("val/baseline_accuracy", math.nan)

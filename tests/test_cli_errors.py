@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.errors import UserError, cli
 from protein_performer.io import read_fasta
-from protein_performer.run_folder import check_run_folder, discard_on_user_error
+from protein_performer.run_folder import check_run_folder, open_run_folder
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 from protein_performer.training import check_checkpoint, train
 
@@ -136,27 +136,30 @@ def test_a_run_folder_with_checkpoints_is_refused_unless_resumed_or_overwritten(
 
 
 def _hydra_files(run: Path) -> None:
-    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
     for name in (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log", "config.yaml"):
         (run / name).write_text("x")
 
 
 def test_a_run_that_fails_on_a_user_error_leaves_no_folder(tmp_path):
     run = tmp_path / "outputs" / "2024-01-01" / "10-00-00-performer-mlm"
+    folder = open_run_folder(run, "train", None, False)  # before Hydra writes its files
     _hydra_files(run)
     with pytest.raises(UserError):
-        with discard_on_user_error(run, "train", stop_at=tmp_path):
+        with folder.discard_on_user_error():
             raise UserError("x.fasta: is empty")
-    assert files_under(tmp_path) == []
+    assert files_under(tmp_path) == []  # and the folders it created, up to the first that existed
+    folder = open_run_folder(run, "train", None, False)
     _hydra_files(run)
     with pytest.raises(RuntimeError):  # a bug: everything stays for the post-mortem
-        with discard_on_user_error(run, "train", stop_at=tmp_path):
+        with folder.discard_on_user_error():
             raise RuntimeError("bug")
     assert (run / "train.log").is_file()
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "last.ckpt").write_text("x")
-    with pytest.raises(UserError):  # another run's folder: nothing of it is removed
-        with discard_on_user_error(run, "train", stop_at=tmp_path):
+    folder = open_run_folder(run, "train", None, True)
+    with pytest.raises(UserError):  # the folder holds checkpoints: nothing of it is removed
+        with folder.discard_on_user_error():
             raise UserError("refused")
     assert (run / "train.log").is_file() and (run / ".hydra" / "config.yaml").is_file()
 
