@@ -43,6 +43,8 @@ COMMANDS = {
                        "train several attention kernels alike and compare them on held-out proteins"),
     "export": Command("export", "protein_performer.commands:export",
                       "write a checkpoint as a Hugging Face-style directory (config.json, model.safetensors)"),
+    "score": Command("score", "protein_performer.commands:score",
+                     "zero-shot variant effects: score a ProteinGym-style substitution CSV (or a folder of them)"),
 }
 
 

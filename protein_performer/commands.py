@@ -111,3 +111,11 @@ def export(cfg: DictConfig) -> None:
     from .pretrained import export as export_dir
     out = export_dir(cfg.ckpt, cfg.output, metrics=cfg.metrics, overwrite=bool(cfg.overwrite))
     print(f"wrote {out}: config.json, model.safetensors, vocab.txt, transformers code, README.md (model card)")
+
+
+def score(cfg: DictConfig) -> None:
+    _require(cfg, "ckpt", "input", "output", example="ckpt=CHECKPOINT input=assay.csv sequence=WILD_TYPE output=scored.csv")
+    from .score import format_summary, score_files
+    logging.getLogger("protein_performer").setLevel(logging.INFO)
+    kw = OmegaConf.to_container(cfg, resolve=True)
+    print(format_summary(score_files(kw.pop("ckpt"), kw.pop("input"), kw.pop("output"), **kw)))
