@@ -12,11 +12,14 @@ Pooling runs over residues only (``<cls>`` and ``<eos>`` excluded), except ``cls
 which is the ``<cls>`` (BOS) position, refused for causal models (there it has seen
 nothing but itself, so every protein would get the same vector).
 
-Files (:func:`embed_file`) are written only after the whole input has been read and
-checked, and record what defines them (checkpoint weights, input file, layers, pooling,
-precision, ...): a rerun resumes only when all of it matches. Each finished batch is
-saved at once (a kill loses at most one batch) and the final file is assembled in input
-order, the same whether or not the run was interrupted.
+Files (:func:`embed_file`) are written only after every setting and the whole input have
+been checked, and record what defines them (the model's weights and config, input file,
+layers, pooling, precision, ...): a rerun resumes only when all of it matches. Each
+finished batch is saved at once (a kill loses at most one batch), keyed by protein (its
+position in the input), so a rerun with another ``max_tokens`` or ``sort_records`` embeds
+only the proteins still missing; the final file is assembled in input order, the same
+whether or not the run was interrupted. One process writes an output at a time (a lock
+beside it), and an ``overwrite`` removes only what an earlier embed run recorded writing.
 """
 from __future__ import annotations
 
@@ -36,8 +39,9 @@ import torch
 
 from .data.sampler import token_budget_batches
 from .errors import UserError
-from .inference import (LoadedModel, file_sha256, is_csv, load_model, pad_batch, read_sequences, sequence_id,
-                        skipped_text, weights_sha256)
+from .files import WrittenFiles, atomic_path, exclusive_lock, file_sha256, remove_path
+from .inference import (LoadedModel, is_csv, load_model, pad_batch, read_sequences, sequence_id, skipped_text,
+                        weights_sha256)
 from .io import detect_format
 from .tokenizer import Tokenizer
 
@@ -57,14 +61,23 @@ def safe_name(record_id: str) -> str:
     return {".": "%2E", "..": "%2E%2E"}.get(name, name)
 
 
-def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
-    """ESM-style absolute layer numbers 0..depth from possibly negative indices."""
-    if isinstance(layers, (int, np.integer)):
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def resolve_layers(layers: int | Sequence[int], depth: int | None) -> list[int]:
+    """ESM-style absolute layer numbers 0..depth from possibly negative indices (``depth``
+    None: only check that ``layers`` is one integer or a non-empty list of them)."""
+    if _is_int(layers):
         layers = [int(layers)]
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers \
+            or not all(_is_int(x) for x in layers):
+        raise UserError(f"layers={_show(layers)}: expected an integer or a non-empty list of integers "
+                        f"(0 = token embedding, -1 = last block), e.g. layers=[-1] or layers=[-2,-1]")
     out = []
     for layer in layers:
-        a = int(layer) + depth + 1 if int(layer) < 0 else int(layer)
-        if not 0 <= a <= depth:
+        a = int(layer) + depth + 1 if int(layer) < 0 and depth is not None else int(layer)
+        if depth is not None and not 0 <= a <= depth:
             raise UserError(f"layer {layer} does not exist: the model has layers 0..{depth} "
                             f"(0 = embedding, {depth} = last block) or -{depth + 1}..-1")
         if a not in out:
@@ -73,11 +86,40 @@ def resolve_layers(layers: int | Sequence[int], depth: int) -> list[int]:
 
 
 def resolve_pooling(pooling: str | Sequence[str]) -> list[str]:
-    pooling = [pooling] if isinstance(pooling, str) else list(pooling)
+    pooling = [pooling] if isinstance(pooling, str) else pooling
+    if not isinstance(pooling, Sequence) or not pooling:
+        raise UserError(f"pooling={_show(pooling)}: expected one or more of {', '.join(POOLINGS)}, "
+                        f"e.g. pooling=[mean] (without it the output would hold only ids)")
     for p in pooling:
         if p not in POOLINGS:
             raise UserError(f"pooling {p!r} is not one of {', '.join(POOLINGS)}")
     return list(dict.fromkeys(pooling))
+
+
+def _show(v) -> str:
+    """A setting as the user typed it (``[]``, ``[1.7]``), for messages."""
+    return json.dumps(list(v) if isinstance(v, (list, tuple)) else v, default=str)
+
+
+def check_settings(*, layers, pooling, per_residue, max_tokens, precision, unknown, on_invalid, long_alone,
+                   sort_records, overwrite, progress, format) -> None:
+    """Every setting of :func:`embed_file` checked before anything is loaded or written: one
+    line naming the key (the layer range is checked once the model's depth is known)."""
+    resolve_layers(layers, None)
+    resolve_pooling(pooling)
+    _dtype(precision)
+    _tokenizer(unknown)
+    for key, v in dict(per_residue=per_residue, overwrite=overwrite, progress=progress).items():
+        if not isinstance(v, (bool, np.bool_)):
+            raise UserError(f"{key}={_show(v)}: expected true or false")
+    for key, v, none_ok in (("max_tokens", max_tokens, False), ("sort_records", sort_records, False),
+                            ("long_alone", long_alone, True)):
+        if not (v is None and none_ok) and not (_is_int(v) and v >= 1):
+            raise UserError(f"{key}={_show(v)}: expected a positive integer" + (" or null" if none_ok else ""))
+    if on_invalid not in ("error", "skip"):
+        raise UserError(f"on_invalid={_show(on_invalid)}: expected error or skip")
+    if format not in (None, "fasta", "uniprot", "csv", "tsv"):
+        raise UserError(f"format={_show(format)}: expected fasta, uniprot, csv, tsv or null (detected)")
 
 
 def _dtype(precision: str | int) -> torch.dtype:
@@ -200,6 +242,7 @@ def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] =
     results: list[dict] = [{}] * len(entries)
     for batch in emb.batches([len(e.tokens) for e in entries], max_tokens):
         for k, r in zip(batch, emb.forward([entries[k].tokens for k in batch], loaded.tokenizer.pad_id)):
+            check_finite(r, entries[k].id, entries[k].where, precision)
             results[k] = r
     single = len(emb.layers) == 1
     out: dict = {"ids": [e.id for e in entries], "layers": emb.layers, "skipped": dict(stats)}
@@ -214,9 +257,17 @@ def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] =
 
 # --- what defines an output file ----------------------------------------------------------
 #: identity keys and how a refusal names them
-IDENTITY = {"checkpoint_sha256": "checkpoint (weights sha256)", "input_sha256": "input (file sha256)",
-            "format": "format", "unknown": "unknown", "layers": "layers", "pooling": "pooling",
-            "per_residue": "per_residue", "precision": "precision", "dim": "dim"}
+IDENTITY = {"checkpoint_sha256": "checkpoint (weights sha256)", "model_config": "model config",
+            "input_sha256": "input (file sha256)", "format": "format", "unknown": "unknown", "layers": "layers",
+            "pooling": "pooling", "per_residue": "per_residue", "precision": "precision", "dim": "dim"}
+
+
+def model_config(net: torch.nn.Module) -> str:
+    """The settings that define the model (kernel, causal, sizes, ...) as canonical JSON. With
+    the weights, what makes two loads "the same model": an exported directory whose config.json
+    was edited loads the very same tensors into another model."""
+    config = getattr(net, "config", None)
+    return json.dumps(config.to_dict() if config is not None else {}, sort_keys=True)
 
 
 def _plain(v):
@@ -230,6 +281,13 @@ def _plain(v):
     return v.item() if isinstance(v, np.generic) else v
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
 def differences(old: dict, new: dict) -> str:
     """'' when ``old`` (what a file records) matches ``new``, else what differs, on one line."""
     def show(key, v):
@@ -240,14 +298,26 @@ def differences(old: dict, new: dict) -> str:
     out = []
     for key, name in IDENTITY.items():
         a, b = _plain(old.get(key)), _plain(new[key])
-        if a != b:
-            out.append(f"{name} {show(key, a)} (now {show(key, b)})")
+        if a == b:
+            continue
+        try:  # the model config: name the settings that differ
+            fa, fb = _flat(json.loads(a)), _flat(json.loads(b))
+            out += [f"{name} {k} {fa.get(k)} (now {fb.get(k)})" for k in sorted(set(fa) | set(fb))
+                    if fa.get(k) != fb.get(k)]
+        except (TypeError, ValueError, AttributeError):
+            out.append(f"{name} {show(key, a)} (now {show(key, b)})" if key != "model_config" else
+                       f"{name} none recorded")
     return "; ".join(out)
 
 
 def _refuse(what: str, diff: str, path: Path):
     raise UserError(f"{what} was written with a different {diff}: write to a new output path, "
                     f"or pass overwrite=true to replace {path}")
+
+
+def lock_path(output: str | Path) -> Path:
+    """The lock that gives ``output`` one writer at a time (beside it: it outlives the run, harmlessly)."""
+    return Path(f"{output}.lock")
 
 
 class H5Output:
@@ -259,41 +329,72 @@ class H5Output:
     :func:`safe_name` in member names. Attributes: the identity (:data:`IDENTITY`) plus
     ``checkpoint``, ``input``, ``kernel`` and ``complete``.
 
-    Each finished batch goes to ``OUT.partial/batch-NNNNNNN.npz`` (written under a
-    temporary name and renamed, so a batch file that exists is whole), keyed by the
-    record's position among the input's valid records. :meth:`finish` assembles ``OUT``
-    from them in input order and removes ``OUT.partial``.
+    The journal ``OUT.partial/`` holds ``identity.json`` and one ``batch-NNNNNNN.npz`` per
+    finished batch (written beside and renamed, so a batch file that exists is whole; plain
+    arrays, read with ``allow_pickle=False``): ``index``, the positions of its proteins among
+    the input's valid records, and their arrays. Each protein is saved once, whatever the
+    batches of the run that resumes; :meth:`finish` assembles ``OUT`` in input order (a
+    protein found twice is taken once) and removes the journal. The constructor only checks;
+    :meth:`open` (once every output has been checked) is the first change on disk.
     """
 
-    def __init__(self, path: str | Path, identity: dict, attrs: dict, overwrite: bool):
+    def __init__(self, path: str | Path, identity: dict, attrs: dict, overwrite: bool, n: int):
         self.path = Path(path)
         self.journal = self.path.with_name(self.path.name + ".partial")
-        self.identity, self.attrs = identity, attrs
+        self.identity, self.attrs, self.n = identity, attrs, n
         self.layers, self.pooling = identity["layers"], identity["pooling"]
         self.done: set[int] = set()
-        self.complete = False
-        check_output_path(self.path)
-        if self.path.exists() and not overwrite:
+        self.complete = self.path.exists() and not overwrite
+        if self.complete:
             diff = differences(read_h5_identity(self.path), identity)
             if diff:
                 _refuse(str(self.path), diff, self.path)
-            self.complete = True  # the same embeddings: nothing to do
-            return
-        if self.journal.exists():
-            info = self.journal / "identity.json"
-            old = json.loads(info.read_text()) if self.journal.is_dir() and info.is_file() else {}
-            diff = differences(old, identity)
-            if diff and not overwrite:
+        self.drop_journal = False
+        if os.path.lexists(self.journal):
+            diff = differences(self._journal_identity(), identity)
+            if diff and not overwrite and not self.complete:
                 _refuse(f"{self.journal} (left by an interrupted run)", diff, self.journal)
-            if overwrite:
-                shutil.rmtree(self.journal) if self.journal.is_dir() else self.journal.unlink()
-            for f in self._batch_files():  # resume: what the interrupted run finished
-                with np.load(f) as z:
-                    self.done.update(int(i) for i in z["index"])
-        self.n_files = len(self._batch_files())
+            # overwrite, or the leftover of the run that completed OUT: ours to remove
+            self.drop_journal = overwrite or (self.complete and not diff)
+            if not self.drop_journal and not self.complete:
+                for f in self._batch_files():  # resume: what the interrupted run finished
+                    with self._load(f) as z:
+                        self.done.update(self._index(z, f).tolist())
+
+    def _journal_identity(self) -> dict:
+        info = self.journal / "identity.json"
+        old = None
+        if self.journal.is_dir() and not self.journal.is_symlink() and info.is_file():
+            with contextlib.suppress(ValueError):
+                old = json.loads(info.read_text(encoding="utf-8", errors="replace"))
+        if not isinstance(old, dict):
+            raise UserError(f"{self.journal}: exists and is not a journal left by embed (no readable "
+                            f"identity.json); refusing to touch it: move it or choose another output")
+        return old
 
     def _batch_files(self) -> list[Path]:
         return sorted(self.journal.glob("batch-*.npz")) if self.journal.is_dir() else []
+
+    def _load(self, path: Path):
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: unreadable journal batch ({type(e).__name__}); pass overwrite=true "
+                            f"to embed {self.path} again from the start") from None
+
+    def _index(self, z, path: Path) -> np.ndarray:
+        index = z["index"] if "index" in z.files else None
+        if index is None or index.ndim != 1 or index.dtype.kind not in "iu" or \
+                (index.size and not (0 <= index.min() and index.max() < self.n)):
+            raise UserError(f"{path}: not a journal batch of this input (bad index); pass overwrite=true "
+                            f"to embed {self.path} again from the start")
+        return index.astype(np.int64)
+
+    def open(self):
+        if self.drop_journal:
+            remove_path(self.journal)
+        files = self._batch_files()
+        self.n_files = int(files[-1].stem.split("-")[1]) + 1 if files else 0
 
     def _key(self, pooling: str, layer: int) -> str:
         return pooling if len(self.layers) == 1 else f"{pooling}/{layer}"
@@ -302,10 +403,13 @@ class H5Output:
         return f"per_residue/{safe_name(rid)}" if len(self.layers) == 1 else f"per_residue/{layer}/{safe_name(rid)}"
 
     def write_batch(self, index: list[int], results: list[dict]):
-        """Save one finished batch (``index``: positions among the valid records)."""
+        """Save the proteins of one batch not saved before (``index``: positions among the valid records)."""
+        if not index:
+            return
         if not self.journal.exists():
-            self.journal.mkdir(parents=True)
-            (self.journal / "identity.json").write_text(json.dumps(self.identity))
+            with atomic_path(self.journal) as tmp:
+                tmp.mkdir()
+                (tmp / "identity.json").write_text(json.dumps(self.identity))
         arrays = {"index": np.asarray(index, dtype=np.int64)}
         for p in self.pooling:
             for layer in self.layers:
@@ -314,11 +418,8 @@ class H5Output:
             for j, r in enumerate(results):
                 for layer in self.layers:
                     arrays[f"res|{layer}|{j}"] = r["per_residue"][layer].astype(np.float32)
-        path = self.journal / f"batch-{self.n_files:07d}.npz"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_path(self.journal / f"batch-{self.n_files:07d}.npz") as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
-        os.replace(tmp, path)
         self.n_files += 1
         self.done.update(index)
 
@@ -328,6 +429,7 @@ class H5Output:
         if self.complete:
             return
         n, dim = len(ids), self.identity["dim"]
+        # assembled inside the journal (ours), so a kill at any point leaves nothing beside OUT
         tmp = self.journal / "assembled.h5"
         written = np.zeros(n, dtype=bool)
         with h5py.File(tmp, "w") as f:
@@ -335,22 +437,25 @@ class H5Output:
             sets = {(p, layer): f.create_dataset(self._key(p, layer), shape=(n, dim), dtype="float32")
                     for p in self.pooling for layer in self.layers}
             for path in self._batch_files():
-                with np.load(path) as z:
-                    index = z["index"]
-                    order = np.argsort(index)
+                with self._load(path) as z:
+                    index = self._index(z, path)
+                    new = np.flatnonzero(~written[index])
+                    new = new[np.argsort(index[new])]  # h5py writes rows in increasing order
+                    if not len(new):
+                        continue
                     for (p, layer), ds in sets.items():
-                        ds[index[order]] = z[f"pooled|{p}|{layer}"][order]
+                        ds[index[new]] = z[f"pooled|{p}|{layer}"][new]
                     if self.identity["per_residue"]:
-                        for j, i in enumerate(index):
+                        for j in new:
                             for layer in self.layers:
-                                f.create_dataset(self._res_key(layer, ids[i]), data=z[f"res|{layer}|{j}"])
-                written[index] = True
+                                f.create_dataset(self._res_key(layer, ids[index[j]]), data=z[f"res|{layer}|{j}"])
+                    written[index[new]] = True
             if not written.all():
                 raise RuntimeError(f"{self.journal}: {int((~written).sum())} records were never embedded")
             for k, v in {**self.identity, **self.attrs, "complete": True}.items():
                 f.attrs[k] = v
         os.replace(tmp, self.path)
-        shutil.rmtree(self.journal)
+        remove_path(self.journal)
 
 
 def check_output_path(path: Path):
@@ -371,46 +476,133 @@ def read_h5_identity(path: Path) -> dict:
                         f"(choose another output path)") from None
 
 
+def check_output_paths(output, pt_dir, input, ckpt) -> None:
+    """Before anything is loaded: no output below a regular file, an HDF5 output that is a file
+    (new, or HDF5), a pt_dir that is a folder, and no output (or its journal / lock) that is the
+    input or the checkpoint."""
+    sources = {Path(x).resolve(): what for x, what in ((input, "input"), (ckpt, "ckpt"))
+               if isinstance(x, (str, Path))}
+    for key, path in (("output", output), ("pt_dir", pt_dir)):
+        if path is None:
+            continue
+        path = Path(path)
+        above = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if above is not None:
+            raise UserError(f"{key} {path}: {above} is a file, not a folder")
+        mine = [path] + ([path.with_name(path.name + ".partial"), lock_path(path)] if key == "output" else [])
+        for p in mine:
+            if p.resolve() in sources:
+                raise UserError(f"{key} {path}: {p} is the {sources[p.resolve()]} itself; choose another {key}")
+    if output is not None:
+        check_output_path(Path(output))
+    if pt_dir is not None and Path(pt_dir).exists() and not Path(pt_dir).is_dir():
+        raise UserError(f"pt_dir {pt_dir}: exists and is not a directory")
+    if output is not None and pt_dir is not None and Path(output).resolve() == Path(pt_dir).resolve():
+        raise UserError(f"output {output} and pt_dir {pt_dir} are the same path; give two")
+
+
+def check_name(entry, key: str, pt: bool) -> None:
+    """Per-residue members and ``<id>.pt`` files are named by the id: refuse, naming the
+    record, an id that cannot name one (before anything is written)."""
+    if not entry.id:
+        raise UserError(f"{entry.where}: record has an empty id, and {key} names each protein by its id: "
+                        f"give it one (or drop the id column: ids are then derived from the sequences)")
+    if pt:
+        size = len(f"{safe_name(entry.id)}.pt".encode())
+        if size > NAME_MAX:
+            raise UserError(f"{entry.where}: record {entry.id[:40] + '...'!r}: its id makes a {size}-byte file "
+                            f"name in pt_dir, over the {NAME_MAX}-byte limit; shorten it or use output=OUT.h5")
+
+
+#: the longest file name (bytes) of the usual file systems (ext4, xfs, btrfs, APFS, NTFS)
+NAME_MAX = 255
+
+
 class PtOutput:
     """ESM-compatible directory: one ``<id>.pt`` per protein holding ``label``,
     ``mean_representations`` / ``bos_representations`` / ``max_representations`` and,
     with per-residue output, ``representations``, each keyed by absolute layer number.
-    Each file is written to a temporary name and renamed, so a file that exists is whole.
-    ``embed_settings.json`` records the identity; files of another identity are refused
-    (``overwrite``: they are deleted first)."""
 
-    def __init__(self, directory: str | Path, identity: dict, overwrite: bool):
-        self.dir = Path(directory)
-        if self.dir.exists() and not self.dir.is_dir():
-            raise UserError(f"pt_dir {self.dir}: exists and is not a directory")
-        info = self.dir / "embed_settings.json"
-        existing = list(self.dir.glob("*.pt")) if self.dir.is_dir() else []
-        if existing or info.is_file():
-            diff = differences(json.loads(info.read_text()) if info.is_file() else {}, identity)
-            if diff and not overwrite:
-                _refuse(f"pt_dir {self.dir}", diff, self.dir)
-            if overwrite:
-                for p in existing:
-                    p.unlink()
-                existing = []
-        self.dir.mkdir(parents=True, exist_ok=True)
-        info.write_text(json.dumps(identity))
-        self.done = {p.stem for p in existing}  # escaped names
+    Every file embed puts there is recorded first in ``.protein-performer-written.json``
+    (:class:`~protein_performer.files.WrittenFiles`): ``overwrite`` removes those and nothing
+    else, and a ``.pt`` a user put there is never replaced (refused before work starts). Files
+    are written in ``.protein-performer-tmp/`` (recorded) and renamed into place, so a file that
+    exists is whole and a kill leaves nothing unrecorded. ``embed_settings.json`` records the
+    identity; files of another identity are refused (``overwrite``: removed first). The
+    constructor only checks; :meth:`open` is the first change on disk."""
+
+    WRITTEN, SETTINGS, STAGING, LOCK = (".protein-performer-written.json", "embed_settings.json",
+                                        ".protein-performer-tmp", ".protein-performer.lock")
+
+    def __init__(self, directory: str | Path, identity: dict, overwrite: bool, names: Iterable[str]):
+        self.dir, self.identity, self.overwrite = Path(directory), identity, overwrite
+        self.written = WrittenFiles(self.dir / self.WRITTEN)
+        self.settings, self.staging = self.dir / self.SETTINGS, self.dir / self.STAGING
+        for p in [self.settings, self.staging] + [self.dir / f"{n}.pt" for n in names]:
+            if os.path.lexists(p) and p not in self.written:
+                raise UserError(f"pt_dir {p}: exists and was not written by embed (not recorded in "
+                                f"{self.WRITTEN}); refusing to replace it: move it or choose another pt_dir")
+        self.old = {}
+        if self.settings.is_file():
+            with contextlib.suppress(ValueError):
+                self.old = json.loads(self.settings.read_text())
+        mine = [k for k in self.written.paths if k.endswith(".pt") and (self.dir / k).is_file()]
+        self.diff = differences(self.old, identity) if self.old or mine else ""
+        if self.diff and not overwrite:
+            _refuse(f"pt_dir {self.dir}", self.diff, self.dir)
+        self.done = set() if overwrite else {k[: -len(".pt")] for k in mine}  # escaped names
+
+    def open(self):
+        if self.overwrite:
+            self.written.remove_all()  # only what earlier embed runs recorded writing
+        self.written.record(self.settings, self.staging)
+        remove_path(self.staging)  # what a killed run left half-written
+        self.staging.mkdir()
+        if self.overwrite or differences(self.old, self.identity):
+            self._put(self.settings, lambda p: p.write_text(json.dumps(self.identity)))
+
+    def _put(self, path: Path, write):
+        tmp = self.staging / path.name  # the staging folder is ours: a kill leaves nothing beside
+        write(tmp)
+        os.replace(tmp, path)
+
+    def close(self):
+        remove_path(self.staging)
 
     def has(self, rid: str) -> bool:
         return safe_name(rid) in self.done
 
-    def write(self, rid: str, result: dict):
-        obj: dict = {"label": rid}
-        for p, by_layer in result["pooled"].items():
-            obj[PT_KEYS[p]] = {layer: torch.from_numpy(v) for layer, v in by_layer.items()}
-        if result["per_residue"]:
-            obj["representations"] = {layer: torch.from_numpy(v) for layer, v in result["per_residue"].items()}
-        path = self.dir / f"{safe_name(rid)}.pt"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-        self.done.add(safe_name(rid))
+    def write(self, items: list[tuple[str, dict]]):
+        """Write ``(id, result)`` pairs, recorded first (one journal write per batch)."""
+        if not items:
+            return
+        paths = [self.dir / f"{safe_name(rid)}.pt" for rid, _ in items]
+        self.written.record(*paths)
+        for (rid, result), path in zip(items, paths):
+            obj: dict = {"label": rid}
+            for p, by_layer in result["pooled"].items():
+                obj[PT_KEYS[p]] = {layer: torch.from_numpy(v) for layer, v in by_layer.items()}
+            if result["per_residue"]:
+                obj["representations"] = {layer: torch.from_numpy(v) for layer, v in result["per_residue"].items()}
+            self._put(path, lambda tmp: torch.save(obj, tmp))
+            self.done.add(safe_name(rid))
+
+
+def check_finite_weights(loaded: LoadedModel) -> None:
+    for name, t in loaded.net.state_dict().items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise UserError(f"checkpoint {loaded.source}: {name} holds NaN or inf values, so every embedding "
+                            f"would be NaN")
+
+
+def check_finite(result: dict, rid: str, where: str, precision) -> None:
+    """A protein whose embedding holds NaN / inf is an error naming it, before anything of it is saved."""
+    arrays = [v for by_layer in result["pooled"].values() for v in by_layer.values()]
+    arrays += list(result["per_residue"].values())
+    if not all(np.isfinite(a).all() for a in arrays):
+        hint = "" if _dtype(precision) == torch.float32 else f" (precision={precision} overflowed? try precision=32)"
+        raise UserError(f"{where}: record {rid!r}: the model's embedding holds NaN or inf values{hint}; "
+                        f"nothing was written for it")
 
 
 # --- the command ------------------------------------------------------------------------
@@ -432,36 +624,61 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
                sort_records: int = 20000, overwrite: bool = False, progress: bool = True) -> dict:
     """Embed every record of ``input`` into ``output`` (HDF5) and/or ``pt_dir``.
 
-    The input is read twice: once to check every record (and count the work), then as a
-    stream sorted by length in windows of ``sort_records`` records. Batches are the same
-    in a resumed run as in a clean one, so their numbers are too. Returns counts:
+    Every setting, path and record is checked before anything is written. The input is read
+    twice: once to check every record (and count the work), then as a stream sorted by length
+    in windows of ``sort_records`` records. A batch with any protein still missing runs whole
+    (the same numbers as in a clean run); only the missing proteins are saved. Returns counts:
     embedded, residues, seconds, residues_per_s, already_done and the skipped kinds.
     """
+    check_settings(layers=layers, pooling=pooling, per_residue=per_residue, max_tokens=max_tokens,
+                   precision=precision, unknown=unknown, on_invalid=on_invalid, long_alone=long_alone,
+                   sort_records=sort_records, overwrite=overwrite, progress=progress, format=format)
     if output is None and pt_dir is None:
         raise UserError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
-    if output is not None:
-        check_output_path(Path(output))
+    check_output_paths(output, pt_dir, input, ckpt)
     loaded = load_model(ckpt, device)
+    check_finite_weights(loaded)
     emb = build_embedder(loaded, layers, pooling, per_residue, precision, long_alone)
     tokenizer, pad_id = _tokenizer(unknown), loaded.tokenizer.pad_id
 
     # pass 1: every record checked before any output exists
     stats: dict = {}
     ids, lengths = [], []
+    name_key = "pt_dir" if pt_dir is not None else "per_residue" if per_residue else None
     for e in read_sequences(input, format, tokenizer=tokenizer, on_invalid=on_invalid, stats=stats):
+        if name_key:
+            check_name(e, name_key, pt_dir is not None)
         ids.append(e.id)
         lengths.append(len(e.tokens))
     if not ids:
         raise UserError(f"{input}: no sequences to embed (skipped: {skipped_text(stats)})")
     format = format or ("tsv" if str(input).lower().removesuffix(".gz").endswith(".tsv") else "csv"
                      if is_csv(input) else detect_format(input))
-    identity = {"checkpoint_sha256": weights_sha256(loaded.net), "input_sha256": file_sha256(input), "format": format,
-                "unknown": unknown, "layers": emb.layers, "pooling": emb.pooling, "per_residue": bool(per_residue),
+    identity = {"checkpoint_sha256": weights_sha256(loaded.net), "model_config": model_config(loaded.net),
+                "input_sha256": file_sha256(input), "format": format, "unknown": unknown, "layers": emb.layers,
+                "pooling": emb.pooling, "per_residue": bool(per_residue),
                 "precision": str(emb.dtype).removeprefix("torch."), "dim": int(loaded.net.embed.embedding_dim)}
     attrs = {"checkpoint": loaded.source, "input": str(input), "kernel": loaded.kernel or ""}
-    h5 = H5Output(output, identity, attrs, overwrite) if output is not None else None
-    pt = PtOutput(pt_dir, identity, overwrite) if pt_dir is not None else None
+    with contextlib.ExitStack() as stack:  # one writer per output; every output checked before any is touched
+        h5 = pt = None
+        if output is not None:
+            stack.enter_context(exclusive_lock(lock_path(output), what=f"output {output}"))
+            h5 = H5Output(output, identity, attrs, overwrite, len(ids))
+        if pt_dir is not None:
+            stack.enter_context(exclusive_lock(Path(pt_dir) / PtOutput.LOCK, what=f"pt_dir {pt_dir}"))
+            pt = PtOutput(pt_dir, identity, overwrite, map(safe_name, ids))
+        for out in (h5, pt):
+            if out is not None:
+                out.open()
+        if pt is not None:
+            stack.callback(pt.close)
+        return _embed(emb, input, format, tokenizer, on_invalid, ids, lengths, stats, h5, pt, pad_id,
+                      max_tokens, sort_records, precision, progress)
 
+
+def _embed(emb: Embedder, input, format, tokenizer, on_invalid, ids, lengths, stats, h5, pt, pad_id, max_tokens,
+           sort_records, precision, progress) -> dict:
+    """Pass 2 of :func:`embed_file`: the proteins not yet in every output, then the HDF5 file."""
     def done(i: int) -> bool:
         return (h5 is None or h5.complete or i in h5.done) and (pt is None or pt.has(ids[i]))
 
@@ -470,37 +687,39 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     for start in range(0, len(ids), sort_records):
         window = lengths[start:start + sort_records]
         plan.append([[start + k for k in b] for b in emb.batches(window, max_tokens)])
-    todo = {i for window in plan for b in window if not all(done(i) for i in b) for i in b}
+    todo = {i for i in range(len(ids)) if not done(i)}
     already = len(ids) - len(todo)
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
         bar = tqdm(total=sum(lengths[i] - 2 for i in todo), unit="res", unit_scale=True, desc="embedding",
                    dynamic_ncols=True, file=sys.stderr)
-    if h5 is not None and h5.done:
-        log.info("resuming %s: %d of %d proteins already embedded", h5.journal, len(h5.done), len(ids))
+    if already:
+        log.info("resuming: %d of %d proteins already embedded", already, len(ids))
     n_done = residues = 0
     t0 = time.perf_counter()
     try:
         if todo:  # pass 2
             entries = read_sequences(input, format, tokenizer=tokenizer, on_invalid=on_invalid, warn=False)
             for batches, window in zip(plan, _windows(enumerate(entries), sort_records)):
+                start = window[0][0]
                 for batch in batches:
-                    if not any(i in todo for i in batch):
+                    new = [i for i in batch if i in todo]
+                    if not new:
                         continue
-                    start = window[0][0]
-                    toks = [window[i - start][1].tokens for i in batch]
                     if any(window[i - start][1].id != ids[i] for i in batch):
                         raise UserError(f"{input}: the file changed while it was being embedded")
-                    results = emb.forward(toks, pad_id)
+                    results = dict(zip(batch, emb.forward([window[i - start][1].tokens for i in batch], pad_id)))
+                    for i in new:
+                        check_finite(results[i], ids[i], window[i - start][1].where, precision)
                     if h5 is not None and not h5.complete:
-                        h5.write_batch(batch, results)
-                    for i, r in zip(batch, results):
-                        if pt is not None and not pt.has(ids[i]):
-                            pt.write(ids[i], r)
-                    n_res = sum(lengths[i] - 2 for i in batch)
+                        index = [i for i in new if i not in h5.done]
+                        h5.write_batch(index, [results[i] for i in index])
+                    if pt is not None:
+                        pt.write([(ids[i], results[i]) for i in new if not pt.has(ids[i])])
+                    n_res = sum(lengths[i] - 2 for i in new)
                     residues += n_res
-                    n_done += len(batch)
+                    n_done += len(new)
                     if bar is not None:
                         bar.update(n_res)
         if h5 is not None:

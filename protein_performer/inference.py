@@ -21,6 +21,7 @@ import torch
 
 from .device import resolve_device
 from .errors import UserError
+from .files import file_sha256  # noqa: F401  (re-exported: what identifies an input file)
 from .pretrained import CONFIG, is_pretrained_dir, load_pretrained, read_config
 from .sequences import (CSV_SUFFIXES, SKIP_KINDS, Entry, is_csv, read_sequences, sequence_id,  # noqa: F401
                         skipped_text)
@@ -99,15 +100,6 @@ def weights_sha256(net: torch.nn.Module) -> str:
         t = t.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hash of a file's bytes (what identifies an input file)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
     return h.hexdigest()
 
 
