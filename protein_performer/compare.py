@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .evaluate import evaluate, format_table
+from .files import refuse_overlap, write_bytes, write_json, write_text
 from .resources import conf_dir
 
 log = logging.getLogger(__name__)
@@ -47,24 +48,34 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
     with the PNG beside it). ``model_overrides[name]``: extra overrides for one model (e.g. a
     shorter crop for exact softmax), applied after the common ones and listed in the doc.
-    ``reuse``: a run whose ``checkpoints/last.ckpt`` exists is not trained again."""
+    ``reuse``: a finished run (``checkpoints/last.ckpt`` and ``train_summary.json``) made with
+    the same training settings (:func:`run_settings`) is not trained again; one made with
+    other settings (another step budget, other overrides) is trained again, with a warning."""
     import time
+
+    from omegaconf import OmegaConf
 
     from .training import train
 
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    refuse_overlap({"doc": doc}, {"heldout.path": heldout})
     ckpts, train_info = [], {}
     for name in models:
         run_dir = out / "runs" / name
         last = run_dir / "checkpoints" / "last.ckpt"
+        summary_path = run_dir / "train_summary.json"
         extra = list((model_overrides or {}).get(name, []))
         # overwrite: a run folder without train_summary.json is an unfinished run, trained afresh
         cfg = compose_train_config([f"model={name}", *train_overrides, *extra, "overwrite=true"])
-        if reuse and last.is_file() and (run_dir / "train_summary.json").is_file():
-            train_info[name] = json.loads((run_dir / "train_summary.json").read_text())
-            log.info("%s: reusing %s", name, last)
+        settings = run_settings(OmegaConf.to_container(cfg, resolve=True))
+        old = json.loads(summary_path.read_text()) if reuse and last.is_file() and summary_path.is_file() else None
+        if old is not None and old.get("settings") == settings:
+            train_info[name] = {k: v for k, v in old.items() if k != "settings"}
+            log.info("%s: reusing %s (same training settings)", name, last)
         else:
+            if old is not None:
+                log.warning("%s: %s was trained with other settings (%s); training it again", name, run_dir,
+                            settings_diff(old.get("settings"), settings))
             t0 = time.time()
             summary, task = train(cfg, run_dir)
             info = {"train_seconds": round(time.time() - t0, 1),
@@ -72,17 +83,38 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
                     "val_perplexity": summary.get("val/perplexity"), "val_accuracy": summary.get("val/accuracy"),
                     "max_steps": int(cfg.trainer.max_steps), "kernel": cfg.model.attention.kernel,
                     "extra_overrides": extra}
-            (run_dir / "train_summary.json").write_text(json.dumps(info, indent=2))
+            write_json(summary_path, {**info, "settings": settings}, indent=2)
             train_info[name] = info
         ckpts.append(str(last))
     results = evaluate(ckpts, heldout, out / "eval", names=list(models), **eval_kwargs)
     for name in models:
         results[name]["training"] = train_info[name]
-    (out / "comparison.json").write_text(json.dumps(results, indent=2))
+    write_json(out / "comparison.json", results, indent=2)
     if doc is not None:
         write_comparison_doc(results, doc, out / "eval" / "metrics.png", train_overrides, heldout,
                              command=command, exact_name=exact_name, title=title)
     return results
+
+
+#: training-config keys that do not change the trained model (a reused run may differ in them)
+NOT_SETTINGS = ("overwrite", "logger", "run_name", "trainer.enable_progress_bar", "data.progress",
+                "data.num_workers", "data.prepare_workers")
+
+
+def run_settings(config: dict) -> dict:
+    """The composed training config, less :data:`NOT_SETTINGS`: what decides whether a
+    finished run can be reused for the comparison asked now."""
+    flat = dict(o.split("=", 1) for o in flatten_overrides(config))
+    return {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in NOT_SETTINGS)}
+
+
+def settings_diff(old: dict | None, new: dict) -> str:
+    """The first few differing keys, ``key old -> new``."""
+    if not old:
+        return "no settings recorded"
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    text = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in keys[:3])
+    return text + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def perplexity_gaps(results: dict[str, dict], exact_name: str = "transformer") -> dict[str, float]:
@@ -98,12 +130,10 @@ def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | P
                          title: str = "Performer kernels against exact softmax") -> None:
     """Write the table, gaps and plot into ``doc``, keeping any text after GENERATED_END."""
     import datetime
-    import shutil
 
     doc = Path(doc)
-    doc.parent.mkdir(parents=True, exist_ok=True)
     png_dst = doc.with_suffix(".png")
-    shutil.copyfile(png, png_dst)
+    write_bytes(png_dst, Path(png).read_bytes())
     kept = ""
     if doc.is_file() and GENERATED_END in (old := doc.read_text()):
         kept = old.split(GENERATED_END, 1)[1]
@@ -138,4 +168,4 @@ def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | P
                      f"{whole} |")
     lines += ["", "Perplexity by protein length (residues):", "", format_table(results), "",
               f"![perplexity and accuracy by length]({png_dst.name})", "", GENERATED_END]
-    doc.write_text("\n".join(lines) + (kept if kept else "\n"))
+    write_text(doc, "\n".join(lines) + (kept if kept else "\n"))

@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -277,6 +278,30 @@ def test_compare_trains_evaluates_and_writes_the_table(tmp_path):
     stamp = (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime
     compare(["performer", "transformer"], overrides, heldout, tmp_path / "out", max_records=12, progress=False)
     assert (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime == stamp  # reused
+    # another step budget: the finished run is not reused under the new figures, it is trained again
+    longer = [o.replace("trainer.max_steps=4", "trainer.max_steps=6") for o in overrides]
+    res = compare(["performer"], longer, heldout, tmp_path / "out", max_records=12, progress=False)
+    assert res["performer"]["step"] == 6 and res["performer"]["training"]["max_steps"] == 6
+    summary = json.loads((tmp_path / "out/runs/performer/train_summary.json").read_text())
+    assert summary["settings"]["trainer.max_steps"] == "6"
+
+
+def test_compare_command_takes_the_readme_budget_key_and_finds_its_data_anywhere(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from protein_performer.compare import flatten_overrides
+    from protein_performer.resources import bundled
+    monkeypatch.chdir(tmp_path)  # not the checkout: default paths must not depend on the working directory
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("compare", overrides=["trainer.max_steps=200"])  # as the README writes it
+        explicit = compose("compare", overrides=["train.trainer.max_steps=600"])
+    train = flatten_overrides(OmegaConf.to_container(cfg.train, resolve=True))
+    assert "trainer.max_steps=200" in train and "trainer.val_check_interval=200" in train
+    assert "trainer.max_steps=600" in flatten_overrides(OmegaConf.to_container(explicit.train, resolve=True))
+    assert cfg.heldout.path == bundled("heldout/uniprotkb_mix_heldout_2k.fasta.gz")
+    assert f"data.path={bundled('sample/swissprot_sample_20k.fasta.gz')}" in train
+    assert Path(cfg.heldout.path).is_file() and Path(bundled("sample/swissprot_sample_20k.fasta.gz")).is_file()
 
 
 def test_uniprot_dat_input_scores_every_residue():

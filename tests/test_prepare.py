@@ -314,3 +314,47 @@ def test_bom_is_accepted_and_non_ascii_is_shown_as_written(tmp_path):
     bad.write_text("protéine sans en-tête\n>P1\nMK\n", encoding="utf-8")
     with pytest.raises(ParseError, match="protéine"):
         prepare(bad, data_dir=tmp_path / "c", workers=0, progress=False)
+
+
+# --- a repeated id: as every other command (protein_performer.sequences) treats it ------------
+REPEATED = (b">a first\nMKVL\n"
+            b">b\nMKLL\n"
+            b">a again, same protein\nMKVL\n"        # line 5: the same record twice: a duplicate
+            b">c\nMKLL\n"                           # another id, the sequence of b: a duplicate
+            b">b other\nMWWW\n"                     # line 9: b's id with another sequence
+            b">d\nMWWW\n")                          # another id with that sequence: kept
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_a_repeated_id_with_another_sequence_is_refused_or_counted_like_other_commands(tmp_path, dedup):
+    from protein_performer.sequences import read_sequences
+    path = write(tmp_path, "rep.fasta", REPEATED)
+    kw = dict(workers=0, valid_fraction=0, test_fraction=0, dedup=dedup, progress=False)
+    with pytest.raises(ParseError) as e:
+        prepare(path, data_dir=tmp_path / "c", on_invalid="error", **kw)
+    assert str(e.value).startswith(f"{path}:9: record 'b': repeats an earlier record's id with a different sequence")
+    assert not (tmp_path / "c" / "prepared").exists()
+    with pytest.raises(ParseError, match=rf"{path}:9: record 'b' repeats the id first seen at {path}:3"):
+        list(read_sequences(path))  # what evaluate, embed and data=sample say about the same file
+    stats = {}
+    expected = [e.sequence for e in read_sequences(path, on_invalid="skip", stats=stats)]
+    assert expected == ["MKVL", "MKLL", "MKLL", "MWWW"] and stats == {"empty": 0, "invalid": 1, "duplicate": 1}
+    out = prepare(path, data_dir=tmp_path / "c", on_invalid="skip", **kw)
+    m = PreparedData(out).manifest
+    kept = [TK.decode(np.array(s[:-1])) for s in prepared_records(out)[0]["train"]]
+    if dedup:  # and identical sequences under other ids go too
+        assert kept == ["MKVL", "MKLL", "MWWW"] and (m["kept"], m["duplicates"], m["invalid"]) == (3, 2, 1)
+    else:
+        assert kept == expected and (m["kept"], m["duplicates"], m["invalid"]) == (4, 1, 1)
+    assert m["invalid_examples"] == [f"{path}:9: record 'b': repeats an earlier record's id with a different sequence"]
+
+
+def test_repeated_ids_are_found_across_parts_after_a_resume(tmp_path):
+    path = write(tmp_path, "rep.fasta", REPEATED)
+    kw = dict(workers=0, valid_fraction=0, test_fraction=0, block_size=8, blocks_per_part=1, progress=False)
+    full = prepare(path, out_dir=tmp_path / "full", on_invalid="skip", **kw)
+    part = prepare(path, out_dir=tmp_path / "part", on_invalid="skip", max_parts=3, **kw)  # b's first line: part 1
+    assert not (part / "manifest.json").exists() and (part / "parts" / "00002.ids.npy").is_file()
+    part = prepare(path, out_dir=tmp_path / "part", on_invalid="skip", **kw)
+    assert _shard_bytes(full) == _shard_bytes(part)
+    assert PreparedData(part).manifest["invalid"] == 1

@@ -156,6 +156,9 @@ class BlockResult:
     records: np.ndarray           # int64, index of each record in the block (file order)
     read: np.ndarray              # int64[3], records read per split
     invalid: np.ndarray           # int64[3], invalid records per split
+    id_hashes: np.ndarray         # uint64, xxh3 of each record's id (a repeated id is refused or skipped)
+    lines: np.ndarray             # int64, 0-based line of each record's header in the block
+    ids: list                     # bytes, each record's id (for messages)
     newlines: int                 # newline count of the block
     nbytes: int                   # size of the block's text
     reasons: list = field(default_factory=list)  # up to MAX_REASONS (relative line, id, why)
@@ -316,9 +319,10 @@ def tokenize_block(buf: bytes, format: str, *, tokenizer: Tokenizer = Tokenizer(
     eos = bytes([tokenizer.eos_id])
     tokens = np.frombuffer(eos.join(kept) + eos if kept else b"", dtype=np.uint8)
     hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, kept), dtype=np.uint64, count=len(kept))
-    why = []
-    if reasons:
-        k = locate()[3]
-        why = [(int(k[i]), ids[i].decode("utf-8", "replace"), w) for i, w in sorted(reasons.items())][:MAX_REASONS]
+    k = np.asarray(locate()[3], dtype=np.int64)
+    why = [(int(k[i]), ids[i].decode("utf-8", "replace"), w) for i, w in sorted(reasons.items())][:MAX_REASONS]
+    kept_ids = [ids[i] for i in order.tolist()]
+    id_hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, kept_ids), dtype=np.uint64, count=len(kept_ids))
     return BlockResult(tokens=tokens, lengths=lens[order], hashes=hashes, splits=codes[order], records=order, read=read,
-                       invalid=inv, newlines=buf.count(b"\n"), nbytes=nbytes, reasons=why)
+                       invalid=inv, id_hashes=id_hashes, lines=k[order], ids=kept_ids, newlines=buf.count(b"\n"),
+                       nbytes=nbytes, reasons=why)

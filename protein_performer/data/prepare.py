@@ -1,12 +1,18 @@
 """One streaming pass from a FASTA / UniProt ``.dat`` file (gzipped or not) to token shards.
 
     source -> blocks (cut at record starts) -> workers: tokenize, hash, split
-           -> main, in block order: drop exact duplicates, append to shards, count
+           -> main, in block order: refuse repeated ids, drop exact duplicates, append to shards, count
+
+Records are checked as every other command checks them (:mod:`protein_performer.sequences`):
+an id seen before with the same sequence is a duplicate (dropped, counted); with another
+sequence it is an error naming file, line and record, or with ``on_invalid='skip'`` counted
+invalid. Ids are remembered as 64-bit hashes (two :class:`HashSet` s: ids, id + sequence).
 
 Work is committed in *parts* (a fixed number of input blocks): a part's shards are
 written, then ``parts/NNNNN.json`` (cumulative counts and where the next part starts).
 A killed run restarts after the last committed part, rebuilding the de-dup set from the
-committed shards' hashes, and produces byte-identical shards. Results are cached in
+committed shards' hashes (and the id sets from ``parts/NNNNN.ids.npy``), and produces
+byte-identical shards. Results are cached in
 ``<data_dir>/prepared/<name>-<source sha256>-<params>``; ``manifest.json`` marks them done.
 """
 from __future__ import annotations
@@ -33,7 +39,7 @@ from .split import SPLITS
 from ..errors import UserError
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a repeated id with another sequence is refused or counted invalid
 HIST_BINS = 18  # log2 length bins: [1,2), [2,4), ... [2^17, inf)
 
 
@@ -285,11 +291,15 @@ def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, un
         part += 1
     state = _State(json.loads(_part_path(out, part - 1).read_text()) if part else None)
     seen = HashSet(1 << 20)
-    if dedup and part:
-        for s in SPLITS:
-            for shard in state.shards[s]:
-                seen.add(np.load(out / shard["hashes_file"]))
-        log.info("%s: resuming after %d finished parts (%d sequences)", out, part, len(seen))
+    ids = IdCheck()
+    if part:
+        if dedup:
+            for s in SPLITS:
+                for shard in state.shards[s]:
+                    seen.add(np.load(out / shard["hashes_file"], allow_pickle=False))
+        for p in range(part):
+            ids.load(_ids_path(out, p))
+        log.info("%s: resuming after %d finished parts (%d sequences)", out, part, len(ids))
 
     tokenizer = Tokenizer(unknown=unknown)
     gz = is_gzip(source)
@@ -318,19 +328,19 @@ def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, un
         for off, res in runner.map(tasks()):
             if writers is None:
                 writers = {s: ShardWriter(out, s, part) for s in SPLITS}
-            _absorb(res, off, state, seen if dedup else None, writers, src, on_invalid)
+            _absorb(res, off, state, seen if dedup else None, ids, writers, src, on_invalid)
             block += 1
             state.blocks = block
             if bar is not None:
                 bar.update(res.nbytes)
             if block % blocks_per_part == 0:
-                _commit(out, part, writers, state)
+                _commit(out, part, writers, state, ids)
                 writers, part = None, part + 1
                 if max_parts is not None and part >= max_parts:
                     done = False
                     break
         if writers is not None:
-            _commit(out, part, writers, state)
+            _commit(out, part, writers, state, ids)
             part += 1
     finally:
         runner.close()
@@ -356,7 +366,48 @@ def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, un
     return out
 
 
-def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, writers: dict, src: str,
+class IdCheck:
+    """Which records repeat an earlier id, with the same sequence or another (64-bit hashes:
+    ids, and id + sequence), in file order; what a part added is saved with the part."""
+
+    def __init__(self):
+        self.ids, self.pairs, self.added = HashSet(1 << 20), HashSet(1 << 20), []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def check(self, res: BlockResult) -> tuple[np.ndarray, np.ndarray]:
+        """(same, other) per record of ``res``: repeats an earlier id with the same sequence / another."""
+        order = np.argsort(res.records, kind="stable")  # file order
+        idh = res.id_hashes[order]
+        pair = idh ^ (res.hashes[order] * np.uint64(0x9E3779B97F4A7C15))
+        first = self.ids.add(idh)
+        self.pairs.add(pair[first])
+        again = np.flatnonzero(~first)
+        other = np.zeros(len(order), dtype=bool)
+        other[again[self.pairs.add(pair[again])]] = True
+        same, diff = np.empty_like(other), np.empty_like(other)
+        same[order], diff[order] = ~first & ~other, other
+        self.added.append(np.stack([idh, pair], axis=1))
+        return same, diff
+
+    def save(self, path: Path) -> None:
+        from ..files import atomic_path
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            np.save(fh, np.concatenate(self.added) if self.added else np.zeros((0, 2), np.uint64))
+        self.added = []
+
+    def load(self, path: Path) -> None:
+        a = np.load(path, allow_pickle=False)
+        self.ids.add(a[:, 0])
+        self.pairs.add(a[:, 1])
+
+
+def _ids_path(out: Path, part: int) -> Path:
+    return out / "parts" / f"{part:05d}.ids.npy"
+
+
+def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, ids: IdCheck, writers: dict, src: str,
             on_invalid: str) -> None:
     """Fold one block's result into the shards and counts (main process, block order)."""
     for line, rid, why in res.reasons:
@@ -367,9 +418,18 @@ def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, wri
             state.invalid_examples.append(text)
     if on_invalid == "error" and res.invalid.sum():
         raise ParseError(f"{src}: invalid record after line {state.newlines}")
-    is_new = np.ones(len(res.hashes), dtype=bool)
+    same, other = ids.check(res)
+    for i in np.flatnonzero(other)[np.argsort(res.records[other], kind="stable")].tolist():
+        text = (f"{src}:{state.newlines + int(res.lines[i]) + 1}: record {res.ids[i].decode('utf-8', 'replace')!r}: "
+                f"repeats an earlier record's id with a different sequence")
+        if on_invalid == "error":
+            raise ParseError(text + " (rename one, or set data.on_invalid=skip to count and skip such records)")
+        if len(state.invalid_examples) < 20:
+            state.invalid_examples.append(text)
+    is_new = ~(same | other)
     if seen is not None:  # the first occurrence in file order is kept, whatever its split
         in_file_order = np.argsort(res.records, kind="stable")
+        in_file_order = in_file_order[is_new[in_file_order]]
         is_new[in_file_order] = seen.add(res.hashes[in_file_order])
     bounds = np.searchsorted(res.splits, np.arange(len(SPLITS) + 1))
     tok_off = np.concatenate(([0], np.cumsum(res.lengths + 1)))
@@ -384,8 +444,8 @@ def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, wri
         writers[s].append(toks, lens, res.hashes[a:b][new])
         c = state.counts
         c["records_read"][s] += int(res.read[si])
-        c["invalid"][s] += int(res.invalid[si])
-        c["duplicates"][s] += int((~new).sum())
+        c["invalid"][s] += int(res.invalid[si]) + int(other[a:b].sum())
+        c["duplicates"][s] += int((~new & ~other[a:b]).sum())
         c["kept"][s] += int(new.sum())
         c["tokens"][s] += int(lens.sum())
         if len(lens):
@@ -400,10 +460,11 @@ def _absorb(res: BlockResult, off: int, state: _State, seen: HashSet | None, wri
     state.next_offset = off + int(res.nbytes)
 
 
-def _commit(out: Path, part: int, writers: dict, state: _State) -> None:
+def _commit(out: Path, part: int, writers: dict, state: _State, ids: IdCheck) -> None:
     for s, w in writers.items():
         state.shards[s].append(w.close())
-    write_json(_part_path(out, part), state.to_dict())
+    ids.save(_ids_path(out, part))
+    write_json(_part_path(out, part), state.to_dict())  # last: the part counts as done once this exists
 
 
 def _manifest(state: _State, source: Path, sha: str, format: str, gz: bool, params: dict, seconds: float) -> dict:
