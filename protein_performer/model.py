@@ -33,6 +33,7 @@ class AttentionConfig:
     redraw_interval: int | None = 1000  # training forward calls between projection redraws (0/None: never)
     orthogonal: bool = True         # orthogonal (vs iid) random features
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
+    run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
 
 
 @dataclass(frozen=True)

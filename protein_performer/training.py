@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
+from .attention.feature_maps import TRIG_REFUSAL
 from .errors import UserError, first_line
 from .files import atomic_path
 from .model import ModelConfig
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 def build_task(cfg: DictConfig, aa_frequencies: torch.Tensor | None) -> ProteinLM:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("name", None)
+    model_cfg.setdefault("attention", {}).setdefault("run_seed", int(cfg.seed or 0))  # seed-dependent projections
     return ProteinLM(model=model_cfg, objective=cfg.objective.name,
                      aa_frequencies=None if aa_frequencies is None else aa_frequencies.tolist(),
                      **OmegaConf.to_container(cfg.optim, resolve=True))
@@ -68,6 +70,8 @@ def check_settings(cfg: DictConfig) -> None:
     """The model, objective and optimiser settings, before the input is read or a file written."""
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     ModelConfig.from_dict(model_cfg, causal=cfg.objective.name == "clm")
+    if (model_cfg.get("attention") or {}).get("kernel") == "trig":
+        raise UserError(TRIG_REFUSAL)
     check_objective(cfg.objective.name)
     o = cfg.optim
     if not (isinstance(o.lr, (int, float)) and o.lr > 0):

@@ -36,6 +36,12 @@ Kernels
     O(1)-scale features (no max-scaling happens before it), as in the Performer code.
 ``EluFeatures`` (kernel "elu")
     elu(x) + 1 of Katharopoulos et al. 2020 ("Transformers are RNNs"); r = d, no randomness.
+``HedgehogFeatures`` (kernel "hedgehog")
+    The learnable softmax mimic of Zhang et al. 2024 (Hedgehog, ICLR):
+    phi(x) = [softmax(W x + b), softmax(-W x - b)] over the r/2 features, W, b per head and
+    trained with the model (or distilled from exact attention, :func:`distill`).  Biased, not
+    random: it trades the FAVOR estimators' variance, hopeless at realistic ||x + y||^2
+    (docs/fidelity.md), for a fitted approximation; features lie in [0, 1], no stabilizer.
 
 Stabilizer (why nothing underflows, why it is causal, and why there is no epsilon)
 ----------------------------------------------------------------------------------
@@ -265,6 +271,12 @@ class FavorPlusPlus(FavorPlus):
             return KeyFeatures(*_row_max_shifted(u.sub_(half_sq)))
 
 
+#: why training refuses trig (measured: docs/fidelity.md, "trig: non-positive normalizers")
+TRIG_REFUSAL = ("model.attention.kernel=trig: refused for training: its normalizer q'.sum(k') is not positive "
+                "(at logit std 1, PLACEHOLDER of rows are <= 0 and floored, output errors ~1e4; docs/fidelity.md); "
+                "use softmax, favor++, relu, elu or hedgehog")
+
+
 class TrigFeatures(_Projected):
     """Random Fourier (sin/cos) features of the softmax kernel; r = nb_features (m = r/2 rows).
 
@@ -357,7 +369,54 @@ class EluFeatures(FeatureMap):
             return f if is_query or not stabilize else KeyFeatures(f)
 
 
-KERNELS = ("softmax", "favor++", "relu", "trig", "elu", "exact")
+class HedgehogFeatures(FeatureMap):
+    """Hedgehog: [softmax(W x + b), softmax(-W x - b)] with per-head learned W (d x r/2) and b."""
+
+    def __init__(self, head_dim: int, nb_features: int = 64, heads: int = 1,
+                 generator: torch.Generator | None = None):
+        if nb_features % 2:
+            raise ValueError(f"hedgehog features need an even nb_features, got {nb_features}")
+        super().__init__(head_dim)
+        m = nb_features // 2
+        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        # start near FAVOR+'s exponent w.x d^-1/4 (rows ~ N(0, I)), one draw per head
+        w = torch.stack([gaussian_random_matrix(m, head_dim, g).T for _ in range(heads)]) * head_dim ** -0.25
+        self.weight = nn.Parameter(w.float())                          # (H, d, m)
+        self.bias = nn.Parameter(torch.zeros(heads, 1, m))
+
+    @property
+    def num_features(self) -> int:
+        return 2 * self.bias.shape[-1]
+
+    def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_compute_dtype(x))
+            u = torch.matmul(x, self.weight.to(x.dtype)) + self.bias.to(x.dtype)
+            f = torch.cat([torch.softmax(u, -1), torch.softmax(-u, -1)], -1)
+            return f if is_query or not stabilize else KeyFeatures(f)
+
+
+def distill(fm: FeatureMap, batches, steps: int = 200, lr: float = 1e-2) -> list[float]:
+    """Fit a learnable map's parameters to exact softmax attention (Hedgehog's distillation): minimize
+    the cross-entropy of its attention rows against softmax(q k^T / sqrt(d)) on ``batches(step)`` ->
+    (q, k) (B, H, L, d), with Adam.  Returns the losses (why: a trained model's layers can be fitted
+    to the map before switching, and the fidelity benchmark fits the map to each data family)."""
+    opt = torch.optim.Adam(fm.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        q, k = batches(step)
+        with torch.no_grad():
+            p = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1)
+        a = fm(q, True) @ fm(k, False).features.transpose(-1, -2)
+        loss = -(p * torch.log(a / a.sum(-1, keepdim=True))).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+KERNELS = ("softmax", "favor++", "relu", "trig", "elu", "hedgehog", "exact")
 
 
 def build_feature_map(kernel: str, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
@@ -374,6 +433,8 @@ def build_feature_map(kernel: str, head_dim: int, nb_features: int = 256, orthog
         return ReluFeatures(head_dim, nb_features, orthogonal, generator, projection=relu_projection)
     if kernel == "elu":
         return EluFeatures(head_dim)
+    if kernel == "hedgehog":
+        return HedgehogFeatures(head_dim, nb_features, heads, generator)
     if kernel == "exact":
         return None
     raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")

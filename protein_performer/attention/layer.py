@@ -1,7 +1,7 @@
 """The attention module the model uses: projections, rotary, feature map, redraw, decoding.
 
 ``Attention(dim, heads, kernel=...)`` maps (B, L, dim) -> (B, L, dim).  The kernel is a
-config choice ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu", "exact"); everything
+config choice ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu", "hedgehog", "exact"); everything
 else (projections, rotary embedding, recurrent decoding) is shared.
 
 Redraw schedule
@@ -10,7 +10,9 @@ The random projection is a registered buffer (saved in checkpoints, so a reloade
 gives identical outputs).  In training mode, every ``redraw_interval`` forward calls
 (0/None = never) a new projection is drawn; never in eval mode.  Draw number n comes from
 a CPU ``torch.Generator`` seeded with a hash of (seed, n), so every DDP rank draws the
-same matrix without communication.  The counters (forward calls, redraws) are kept as the
+same matrix without communication; ``run_seed`` (the run's ``seed``, model.attention.run_seed)
+enters the hash too, so runs with different seeds get different projections (run_seed 0 keeps
+the draws of earlier versions).  The counters (forward calls, redraws) are kept as the
 module's extra state (``get_extra_state``), saved in checkpoints without device syncs.
 Give each layer its own ``seed`` (e.g. the layer index) for independent projections.
 """
@@ -18,20 +20,24 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from .feature_maps import KERNELS, FavorPlusPlus, build_feature_map
-from .linear import DEFAULT_CHUNK_SIZE, init_linear_state, linear_attention, linear_attention_step
+from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, init_linear_state, linear_attention,
+                     recurrent_linear_attention)
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
 
-def projection_seed(seed: int, draw: int) -> int:
-    """Deterministic 63-bit seed for draw number ``draw`` (same on every process and rank)."""
-    h = hashlib.sha256(f"protein-performer:{int(seed)}:{int(draw)}".encode()).digest()
+def projection_seed(seed: int, draw: int, run_seed: int = 0) -> int:
+    """Deterministic 63-bit seed for draw number ``draw`` of layer ``seed`` in a run seeded ``run_seed``
+    (same on every process and rank)."""
+    run = f"{int(run_seed)}:" if run_seed else ""
+    h = hashlib.sha256(f"protein-performer:{run}{int(seed)}:{int(draw)}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
@@ -53,15 +59,16 @@ class Attention(nn.Module):
     Args:
         dim: model width.  heads: number of heads (head_dim = dim // heads unless given).
         kernel: "softmax" (FAVOR+ positive random features), "favor++" (OPRF), "relu",
-            "trig", "elu" (elu+1, r = head_dim) or "exact" (SDPA).
-        nb_features: random features r for softmax/favor++/relu/trig.
+            "trig", "elu" (elu+1, r = head_dim), "hedgehog" (learned softmax mimic) or "exact" (SDPA).
+        nb_features: features r for softmax/favor++/relu/trig/hedgehog.
         chunk_size: chunk length of the causal linear path.
         redraw_interval: redraw the projection every this many training forward calls
             (0/None: never).
         causal: autoregressive masking.  dropout: attention-probability dropout for "exact",
             dropout on the per-head outputs for linear kernels.
         rotary: rotary position embedding on q, k (before the feature map).
-        orthogonal: orthogonal (vs iid) random features.  seed: seeds the projection draws.
+        orthogonal: orthogonal (vs iid) random features.  seed: seeds the projection draws (the
+            layer index); run_seed: the run's seed, mixed in (0: the layer seed alone).
         relu_projection: the "relu" kernel with (True) or without a random projection.
     """
 
@@ -69,7 +76,7 @@ class Attention(nn.Module):
                  chunk_size: int = DEFAULT_CHUNK_SIZE, redraw_interval: int | None = 1000,
                  causal: bool = False, dropout: float = 0.0, rotary: bool = True, orthogonal: bool = True,
                  seed: int = 0, head_dim: int | None = None, bias: bool = False,
-                 relu_projection: bool = True, rotary_base: float = 10000.0):
+                 relu_projection: bool = True, rotary_base: float = 10000.0, run_seed: int = 0):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
@@ -81,7 +88,7 @@ class Attention(nn.Module):
             warnings.warn("attention kernel 'trig' (random Fourier features) can give near-zero or negative "
                           "normalizers: outputs are floored, not right; unsafe for training", stacklevel=2)
         self.dim, self.heads, self.head_dim, self.kernel = dim, heads, head_dim, kernel
-        self.causal, self.chunk_size, self.seed = causal, chunk_size, seed
+        self.causal, self.chunk_size, self.seed, self.run_seed = causal, chunk_size, seed, int(run_seed or 0)
         self.redraw_interval = redraw_interval or 0
         inner = heads * head_dim
         self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
@@ -90,7 +97,7 @@ class Attention(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.rotary = RotaryEmbedding(head_dim, rotary_base) if rotary else None
         self.feature_map = build_feature_map(kernel, head_dim, nb_features, orthogonal,
-                                             torch.Generator().manual_seed(projection_seed(seed, 0)),
+                                             torch.Generator().manual_seed(projection_seed(seed, 0, self.run_seed)),
                                              heads=heads, relu_projection=relu_projection)
         self.forward_calls = 0
         self.redraws = 0
@@ -113,7 +120,8 @@ class Attention(nn.Module):
         if self.feature_map is None or not self.feature_map.random:
             return
         self.redraws += 1
-        self.feature_map.redraw(torch.Generator().manual_seed(projection_seed(self.seed, self.redraws)))
+        seed = projection_seed(self.seed, self.redraws, self.run_seed)
+        self.feature_map.redraw(torch.Generator().manual_seed(seed))
 
     def _maybe_redraw(self) -> None:
         if not self.training:
@@ -170,27 +178,32 @@ class Attention(nn.Module):
         return state
 
     def step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """One causal decoding step: x_t (B, dim) -> (out (B, dim), new state).
+        """Causal decoding from a state: one token x_t (B, dim), or T tokens (B, T, dim) at once (a
+        prompt: one chunked call) -> (out of the same shape, new state).
 
-        Matches ``forward`` of a causal module at position ``state["pos"]``; for linear
-        kernels the cost and the state size do not grow with the position."""
-        pos = int(state["pos"])
-        q, k, v = self._qkv(x_t.unsqueeze(1), offset=pos)        # (B, H, 1, dh)
+        Matches ``forward`` of a causal module at positions ``state["pos"]`` on; for linear
+        kernels the cost per token and the state size do not grow with the position."""
+        pos, one = int(state["pos"]), x_t.dim() == 2
+        x = x_t.unsqueeze(1) if one else x_t
+        T = x.shape[1]
+        q, k, v = self._qkv(x, offset=pos)                      # (B, H, T, dh)
         if self.feature_map is None:
             K = torch.cat([state["k"], k], dim=2)
             V = torch.cat([state["v"], v], dim=2)
-            out = softmax_attention_sdpa(q, K, V, causal=False)
-            return self._merge(out).squeeze(1), {"pos": pos + 1, "k": K, "v": V}
-        fm = self.feature_map
-        qf, (kf, k_log_scale) = fm(q, is_query=True)[:, :, 0], fm(k, is_query=False)
-        new = {"pos": pos + 1}
-        eps = fm.normalizer_eps
-        if "floor" in state:  # running sum of the per-key floor contributions
-            new["floor"] = eps = state["floor"] + fm.normalizer_floor(k, True)[:, :, 0].to(state["floor"].dtype)
-        out, (new["S"], new["Z"], new["m"]) = linear_attention_step(
-            qf, kf[:, :, 0], v[:, :, 0], (state["S"], state["Z"], state["m"]), eps=eps,
-            k_log_scale=None if k_log_scale is None else k_log_scale[:, :, 0])
-        return self._merge(out.unsqueeze(2)).squeeze(1), new
+            out, new = softmax_attention_sdpa(q, K, V, causal=T > 1), {"pos": pos + T, "k": K, "v": V}
+        else:
+            fm = self.feature_map
+            qf, (kf, k_log_scale) = fm(q, is_query=True), fm(k, is_query=False)
+            new = {"pos": pos + T}
+            eps = fm.normalizer_eps
+            if "floor" in state:  # running sum of the per-key floor contributions
+                eps = state["floor"].unsqueeze(2) + fm.normalizer_floor(k, True).to(state["floor"].dtype)
+                new["floor"] = eps[:, :, -1]
+            path = recurrent_linear_attention if T == 1 else partial(chunk_linear_attention, chunk_size=self.chunk_size)
+            out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps, output_final_state=True,
+                                                       initial_state=(state["S"], state["Z"], state["m"]))
+        out = self._merge(out)
+        return (out.squeeze(1) if one else out), new
 
     def extra_repr(self) -> str:
         return (f"kernel={self.kernel!r}, heads={self.heads}, head_dim={self.head_dim}, "

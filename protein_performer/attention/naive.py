@@ -59,3 +59,54 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 def softmax_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The kernel FAVOR+ estimates on data-scaled inputs: exp(x . y), all pairs."""
     return torch.exp(x @ y.transpose(-1, -2))
+
+
+def _visible(rows: torch.Tensor, L: int, causal: bool) -> torch.Tensor:
+    """(n, L) bool: key j visible to query position rows[i]."""
+    j = torch.arange(L, device=rows.device)
+    return j[None, :] <= rows[:, None] if causal else torch.ones(len(rows), L, dtype=torch.bool, device=rows.device)
+
+
+def softmax_rows(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, causal: bool = False,
+                 logits: torch.Tensor | None = None) -> torch.Tensor:
+    """Exact softmax attention weights (B, H, n, L) of the query positions ``rows`` only (memory n x L,
+    so a reference at L = 16,384 stays linear in L); q, k raw (B, H, L, d), scale d^-1/2 (``logits``:
+    those rows' q k^T / sqrt(d), when already computed)."""
+    if logits is None:
+        logits = (q[:, :, rows] @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(logits.masked_fill(~_visible(rows, k.shape[-2], causal), float("-inf")), -1)
+
+
+def kernel_scores(qf: torch.Tensor, kf: torch.Tensor, k_log_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Unnormalized kernel values q'_i . k'_j exp(s_j - max s) (B, H, n, L) of query features qf
+    (B, H, n, r) against all key features kf (B, H, L, r) (k_log_scale (B, H, L, 1) or None); the
+    common factor exp(-max s) cancels in every row."""
+    a = qf @ kf.transpose(-1, -2)
+    if k_log_scale is not None:
+        s = k_log_scale[..., 0]
+        a = a * torch.exp(s - s.amax(-1, keepdim=True))[:, :, None, :]
+    return a
+
+
+def kernel_rows(scores: torch.Tensor, rows: torch.Tensor, causal: bool = False,
+                floor: torch.Tensor | float | None = None):
+    """A feature map's attention weights of the query positions ``rows``, from the formula
+    a_ij = s_ij / max(sum_{visible j} s_ij, floor_i) with s = :func:`kernel_scores`.
+
+    floor: the map's normalizer floor (B, H, L or 1, 1) (maps with a floor, trig, have no key
+    log-scale, so it is in the units of s), a float, or None (smallest normal float).  Returns
+    (weights (B, H, n, L), unfloored normalizer (B, H, n)); signed features (trig) give signed weights."""
+    a = scores.masked_fill(~_visible(rows, scores.shape[-1], causal), 0.0)
+    den = a.sum(-1)
+    if isinstance(floor, torch.Tensor):
+        floored = torch.maximum(den, floor[:, :, rows if floor.shape[-2] > 1 else [0], 0])
+    else:
+        floored = den.clamp_min(torch.finfo(den.dtype).tiny if floor is None else floor)
+    return a / floored[..., None], den
+
+
+def mean_rows(v: torch.Tensor, rows: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """The floor every kernel must beat: the plain mean of the values visible to each of ``rows``."""
+    if not causal:
+        return v.mean(-2, keepdim=True).expand(*v.shape[:-2], len(rows), v.shape[-1])
+    return v.cumsum(-2)[:, :, rows] / (rows + 1).to(v.dtype)[:, None]
