@@ -45,9 +45,9 @@ QUICK = dict(features=[16, 64], lengths=[64, 256], head_dims=[16], stds=[1.0], r
              distill_steps=40)
 HELDOUT = common.ROOT / "data" / "heldout" / "uniprotkb_mix_heldout_2k.fasta.gz"
 DOC = common.DOCS / "fidelity.md"
-CKPT_HINT = ("protein-performer train run_name=fid_performer && protein-performer train model=transformer "
-             "run_name=fid_transformer, then python benchmarks/fidelity.py --ckpt "
-             "runs/fid_performer/checkpoints/last.ckpt --ckpt runs/fid_transformer/checkpoints/last.ckpt")
+CKPT_HINT = ("protein-performer train logger=csv hydra.run.dir=runs/fid_performer && protein-performer train "
+             "model=transformer logger=csv hydra.run.dir=runs/fid_transformer && python benchmarks/fidelity.py "
+             "--ckpt runs/fid_performer/checkpoints/last.ckpt --ckpt runs/fid_transformer/checkpoints/last.ckpt")
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -157,7 +157,7 @@ def run_iid(args, emit) -> None:
 
 def checkpoint_qkv(path: str, proteins: int, max_len: int):
     """Per layer, (q, k, v) (P, H, L, d) float64 of a checkpoint on the ``proteins`` longest held-out
-    proteins, cropped to max_len (the rotary-embedded q, k the kernel sees), and the model."""
+    proteins, cropped to max_len (the rotary-embedded q, k the kernel sees), the model and the tokens."""
     import torch
 
     from protein_performer.io import read_records
@@ -166,21 +166,21 @@ def checkpoint_qkv(path: str, proteins: int, max_len: int):
     model = task.model
     seqs = sorted((r.sequence for r in read_records(HELDOUT)), key=len, reverse=True)[:proteins]
     L = min(max_len, len(seqs[-1]))
-    tokens = torch.stack([torch.as_tensor(model.tokenizer.encode(s[:L - 2]).astype("int64")) for s in seqs])
+    tokens = torch.stack([torch.as_tensor(task.tokenizer.encode(s[:L - 2]).astype("int64")) for s in seqs])
     taken = []
     hooks = [b.attn.register_forward_pre_hook(lambda m, a: taken.append(m._qkv(a[0]))) for b in model.blocks]
     with torch.no_grad():
         model(tokens)
     for h in hooks:
         h.remove()
-    return [tuple(t.double() for t in qkv) for qkv in taken], model
+    return [tuple(t.double() for t in qkv) for qkv in taken], model, tokens
 
 
 def run_ckpt(args, emit) -> None:
     """(b): every layer of every checkpoint; proteins split in half: hedgehog distilled on the first
     half's q, k, scored (like everything else) on the second."""
     for path in args.ckpt:
-        layers, model = checkpoint_qkv(path, args.ckpt_proteins, args.ckpt_len)
+        layers, model, _ = checkpoint_qkv(path, args.ckpt_proteins, args.ckpt_len)
         name = f"{Path(path).parent.parent.name or path} ({model.blocks[0].attn.kernel})"
         for layer, (q, k, v) in enumerate(layers):
             half = q.shape[0] // 2

@@ -105,3 +105,19 @@ def test_relu_and_elu_match_their_own_kernels():
     phi = lambda x: torch.relu(x @ w.T) + 1e-3  # noqa: E731
     kern = phi(q) @ phi(k).transpose(-1, -2)
     torch.testing.assert_close(kernel_attention(fm, q, k, v), (kern @ v) / kern.sum(-1, keepdim=True))
+
+
+def test_favor_fidelity_is_set_by_the_norms_not_the_logit_spread():
+    """docs/fidelity.md's reading, at a logit std near 1 both times: iid q, k (|x+y|^2 ~ 2 sqrt(d))
+    leave FAVOR+ worse than the plain mean of the values; the same spread from q, k in a 2-dim
+    subspace (|x+y|^2 ~ 4x smaller; relative variance ~ (exp|x+y|^2 - 1)/m) puts it well below."""
+    assert mean_error("softmax", 64, 1.0) > 1.3 * uniform_error(1.0)
+    g = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(D, 2, generator=g, dtype=torch.float64))[0]
+    q, k = (torch.randn(1, 2, L, 2, generator=g, dtype=torch.float64) @ basis.T * 1.5 for _ in range(2))
+    v = torch.randn(1, 2, L, D, generator=g, dtype=torch.float64)
+    assert 0.7 < float((q @ k.transpose(-1, -2) / math.sqrt(D)).std()) < 1.1
+    ref = softmax_attention(q, k, v)
+    errs = [_rel_err(kernel_attention(build_feature_map("softmax", D, 64, generator=torch.Generator().manual_seed(1000 + s))
+                                      .double(), q, k, v), ref) for s in range(8)]
+    assert sum(errs) / 8 < 0.8 * _rel_err(v.mean(dim=2, keepdim=True).expand_as(ref), ref)

@@ -136,6 +136,36 @@ def test_benchmark_quick_floor_is_the_mean_of_values(tmp_path):
     assert "no trained checkpoint" in out.read_text()
 
 
+def test_checkpoint_qkv_are_what_the_layers_attend_with(tmp_path):
+    """(b)'s q, k, v of a (tiny, exact-attention) checkpoint: softmax attention of them, through the layer's
+    output projection, is the layer's output on the same tokens; the benchmark then scores them."""
+    from benchmarks import common, fidelity
+    from protein_performer.tasks import ProteinLM
+
+    from conftest import save_checkpoint
+    torch.manual_seed(0)
+    task = ProteinLM(model=dict(dim=32, depth=2, heads=2, attention=dict(kernel="exact")))
+    ckpt = save_checkpoint(task, tmp_path / "tiny.ckpt")
+    layers, model, tokens = fidelity.checkpoint_qkv(ckpt, proteins=2, max_len=48)
+    outs = []
+    hooks = [b.attn.register_forward_hook(lambda m, a, o: outs.append(o)) for b in model.blocks]
+    with torch.no_grad():
+        model(tokens)
+    for h in hooks:
+        h.remove()
+    assert len(layers) == 2 and layers[0][0].shape == (2, 2, 48, 16)
+    for (q, k, v), out, block in zip(layers, outs, model.blocks):
+        with torch.no_grad():
+            mine = block.attn._merge(softmax_attention(q, k, v).float())
+        torch.testing.assert_close(mine, out, rtol=1e-5, atol=1e-5)
+    doc = tmp_path / "fidelity.md"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--quick", "--ckpt", ckpt,
+                    "--ckpt-proteins", "4", "--ckpt-len", "64", "--out", str(doc)], check=True, capture_output=True)
+    table = common.read_md_table(doc, next(line[4:] for line in doc.read_text().splitlines()
+                                           if line.startswith("### ") and "(exact)" in line))
+    assert [r["kernel"] for r in table][:2] == ["mean of values", "FAVOR+"] and "bidir. layer 1" in table[0]
+
+
 # --------------------------------------------------------------------------- seeds, trig
 def test_projections_depend_on_the_run_seed():
     old = int.from_bytes(hashlib.sha256(b"protein-performer:2:0").digest()[:8], "little") & ((1 << 63) - 1)
