@@ -94,14 +94,13 @@ def _float(text: str | None) -> float:
 
 @dataclass
 class Assay:
-    """One substitution CSV: its rows as read (``lines`` = line numbers), each row's
-    substitutions (None where skipped) and the wild type."""
+    """One substitution CSV: its rows as read, each row's substitutions (None where skipped)
+    and the wild type."""
 
     path: Path
     wild_type: str
     header: list[str]
     rows: list[list[str]]
-    lines: list[int]
     mutants: list[tuple | None]
     skipped: int = 0
     scores: dict = field(default_factory=dict)  # strategy -> (rows,) float64, NaN where skipped
@@ -134,7 +133,7 @@ def read_assay(path: str | Path, wild_type: str, offset: int = 1, on_invalid: st
                 raise ParseError(f"{path}:1: the header {header[:8]} has no 'mutant' column")
             mcol = header.index("mutant")
             scol = header.index("mutated_sequence") if "mutated_sequence" in header else None
-            rows, lines, mutants, skipped = [], [], [], 0
+            rows, mutants, skipped = [], [], 0
             for row in reader:
                 if not row:
                     continue
@@ -157,13 +156,12 @@ def read_assay(path: str | Path, wild_type: str, offset: int = 1, on_invalid: st
                     skipped += 1
                     subs = None
                 rows.append(row)
-                lines.append(line)
                 mutants.append(subs)
         except csv.Error as e:
             raise ParseError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from None
     if not any(m is not None for m in mutants):
         raise UserError(f"{path}: no mutant to score ({len(rows)} rows, {skipped} skipped)")
-    return Assay(path, wild_type, header, rows, lines, mutants, skipped)
+    return Assay(path, wild_type, header, rows, mutants, skipped)
 
 
 def _clean(seq: str, tokenizer: Tokenizer, where: str) -> str:
@@ -199,6 +197,8 @@ def reference_wild_types(reference: str | Path, tokenizer: Tokenizer) -> dict[st
         for row in reader:
             where = f"{reference}:{reader.line_num}"
             seq = _clean(row["target_seq"] or "", tokenizer, where)
+            if not seq:
+                raise ParseError(f"{where}: empty target_seq")
             for c in names:
                 if row[c]:
                     key = row[c] if c == "DMS_filename" else f"{row[c]}.csv"
@@ -344,12 +344,12 @@ def score_assay(scorer: Scorer, assay: Assay, strategies: Sequence[str]) -> dict
     out = {}
     for strategy in strategies:
         if strategy in ("masked_marginal", "wt_marginal"):
-            if strategy == "masked_marginal":
+            if strategy == "masked_marginal":  # row k: log-probabilities at positions[k], masked
                 positions = sorted({p for s in subs for p, _, _ in s})
-                lp, at = scorer.masked(wt, positions), {p: k for k, p in enumerate(positions)}
-            else:
-                lp, at = scorer.logprobs(torch.as_tensor(wt)[None])[0].cpu().numpy(), {p: p for p in range(len(wt))}
-            values = [sum(lp[at[p], mt] - lp[at[p], w] for p, mt, w in s) for s in subs]
+                lp, row = scorer.masked(wt, positions), {p: k for k, p in enumerate(positions)}.__getitem__
+            else:  # row p: log-probabilities at token p of the unmasked wild type
+                lp, row = scorer.logprobs(torch.as_tensor(wt)[None])[0].cpu().numpy(), int
+            values = [sum(lp[row(p), mt] - lp[row(p), w] for p, mt, w in s) for s in subs]
         elif strategy == "pll":
             base = scorer.pll(wt)
             values = []

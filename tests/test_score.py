@@ -381,7 +381,7 @@ def test_mutated_sequence_is_checked_and_skips_are_counted(mlm, tmp_path, capsys
     assert code == 2 and "exists; pass overwrite=true" in err
 
 
-def test_wild_type_from_a_fasta_and_the_script_entry_point(mlm, tmp_path):
+def test_wild_type_from_a_fasta_and_the_script_entry_point(mlm, tmp_path, capsys):
     task, ckpt = mlm
     fasta = tmp_path / "wt.fasta"
     fasta.write_text(f">wt some protein\n{WT[:10]}\n{WT[10:]}\n")
@@ -393,7 +393,7 @@ def test_wild_type_from_a_fasta_and_the_script_entry_point(mlm, tmp_path):
     assert r.returncode == 0, r.stderr
     assert read_scores(out, "masked_marginal") == pytest.approx(
         [hand_masked_marginal(task.model, WT, m) for m in ("M1A", "K2R:Y5F")], abs=1e-6)
-    r = subprocess.run(cmd[:-2] + [f"output={assay}", "device=cpu"], capture_output=True, text=True, cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr == f"error: output={assay}: is the input input={assay}; choose another output\n"
+    code, _, err = run_score(capsys, f"ckpt={ckpt}", f"input={assay}", f"sequence_file={fasta}", f"output={assay}")
+    assert code == 2 and err == f"error: output={assay}: is the input input={assay}; choose another output\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["assay.csv", "scored.csv", "scored.metrics.json", "wt.fasta"]
     assert not list(tmp_path.glob("outputs"))
