@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from dataclasses import fields
 from pathlib import Path
@@ -34,7 +35,7 @@ import torch
 
 from .device import resolve_device
 from .errors import UserError, one_line
-from .files import WrittenFiles
+from .files import WrittenFiles, remove_path
 from .model import ModelConfig, PerformerLM
 from .tokenizer import VERSION, Tokenizer
 
@@ -157,42 +158,68 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
 
     ``metrics``: a metrics.json of scripts/evaluate.py for this checkpoint, whose held-out
     figures go into the model card (otherwise the card says "not evaluated"). The directory
-    is written beside ``output_dir`` under a temporary name, loaded back and checked to give
-    the checkpoint's logits, and only then renamed into place. An existing non-empty
+    is written beside ``output_dir`` (``.<name>.export.tmp``), loaded back and checked to
+    give the checkpoint's logits, and only then renamed into place. An existing non-empty
     ``output_dir`` is refused unless ``overwrite``, and even then replaced only when it is
-    an export this tool wrote (:data:`JOURNAL` lists its files) holding nothing else."""
-    from .files import atomic_path, refuse_overlap
+    an export this tool wrote (:data:`JOURNAL` lists its files) holding nothing else. One
+    export per output at a time (a lock beside it); a rerun after a kill finishes or undoes
+    what the killed run left beside the output."""
+    from .files import exclusive_lock, refuse_overlap
     from .tasks import load_checkpoint  # reading a Lightning checkpoint needs Lightning; loading does not
 
     out, ckpt_path = Path(output_dir), Path(ckpt_path)
     refuse_overlap({"output": out}, {"ckpt": ckpt_path, "metrics": metrics})
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise UserError(f"output {out}: exists and is not empty (overwrite=true replaces it)")
-        check_replaceable(out)
-    module = load_checkpoint(str(ckpt_path))
-    step = checkpoint_step(ckpt_path)
-    config = export_config(module.model.config, dict(module.hparams), step)
-    evaluation = read_metrics(Path(metrics), config) if metrics else None
-    run_config = _run_config(ckpt_path)
-
-    with atomic_path(out) as tmp:  # the old directory stays until the new one is whole and checked
-        tmp.mkdir()
-        written = WrittenFiles(tmp / JOURNAL)
-        for name in (CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, *REMOTE_CODE, CARD):
-            written.record(tmp / name)
-        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        _write_weights(module.model, tmp / WEIGHTS)
-        shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)  # safetensors writes owner-only; share like the rest
-        _write_tokenizer(tmp)
-        for name in REMOTE_CODE:
-            shutil.copyfile(Path(__file__).parent / "hf_code" / name, tmp / name)
-        (tmp / CARD).write_text(model_card(config, module.model, step, run_config, evaluation),
-                                encoding="utf-8")
-        _check_export(tmp, module.model)
+    tmp, old = (out.with_name(f".{out.name}.export.{what}") for what in ("tmp", "old"))
+    with exclusive_lock(out.with_name(f".{out.name}.export.lock"), what=f"output {out}"):
+        _recover(out, tmp, old)
+        if out.is_dir() and any(out.iterdir()):
+            if not overwrite:
+                raise UserError(f"output {out}: exists and is not empty (overwrite=true replaces it)")
+            check_replaceable(out)
+        module = load_checkpoint(str(ckpt_path))
+        step = checkpoint_step(ckpt_path)
+        config = export_config(module.model.config, dict(module.hparams), step)
+        evaluation = read_metrics(Path(metrics), config) if metrics else None
+        run_config = _run_config(ckpt_path)
+        try:
+            tmp.mkdir()
+            written = WrittenFiles(tmp / JOURNAL)
+            for name in (CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, *REMOTE_CODE, CARD):
+                written.record(tmp / name)
+            (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            _write_weights(module.model, tmp / WEIGHTS)
+            shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)  # safetensors writes owner-only; share like the rest
+            _write_tokenizer(tmp)
+            for name in REMOTE_CODE:
+                shutil.copyfile(Path(__file__).parent / "hf_code" / name, tmp / name)
+            (tmp / CARD).write_text(model_card(config, module.model, step, run_config, evaluation),
+                                    encoding="utf-8")
+            _check_export(tmp, module.model)
+        except BaseException:
+            remove_path(tmp)
+            raise
+        if out.is_dir():  # an empty directory or an earlier export: swapped out, removed once replaced
+            os.replace(out, old)
+        os.replace(tmp, out)
+        remove_path(old)
     return out
+
+
+def _recover(out: Path, tmp: Path, old: Path) -> None:
+    """What a killed export left beside ``out``: its unfinished directory goes; an earlier
+    export swapped out but not yet replaced goes back (or goes, when the new one is in place)."""
+    for d in (tmp, old):
+        if d.exists() and not (d.is_dir() and ((d / JOURNAL).is_file() or not any(d.iterdir()))):
+            raise UserError(f"{d}: is in the way of output {out} and is not a directory written by export; "
+                            f"move it away")
+    remove_path(tmp)
+    if old.exists():
+        if out.exists():
+            remove_path(old)
+        else:
+            os.replace(old, out)
 
 
 def check_replaceable(out: Path) -> None:

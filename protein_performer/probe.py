@@ -305,7 +305,7 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
                     else list(embeddings), "labels": labels, "test_labels": test_labels, "pooling": pooling,
                     "layer": layer, "n_train": int(len(ytr)), "n_test": int(len(yte)) if yte is not None else None,
                     "dim": int(X.shape[1]), "missing_embeddings": int(missing),
-                    "skipped_rows": {k: v for t in tables for k, v in t.skipped.items()}}
+                    "skipped_rows": {k: sum(t.skipped[k] for t in tables) for k in tables[0].skipped}}
     if task == "classification":
         vals, counts = np.unique(ytr, return_counts=True)
         result["classes"] = {str(v): int(c) for v, c in zip(vals, counts)}
@@ -340,9 +340,9 @@ def check_split(gathered: list, task: str, train_source, test_source) -> None:
     some are)."""
     y = gathered[0][1]
     if len(np.unique(y)) < 2:
-        what = "class" if task == "classification" else "value"
+        what = "classes" if task == "classification" else "values"
         raise UserError(f"labels {train_source}: every training protein has the same label '{y[0]}'; "
-                        f"a probe needs at least two {what}s")
+                        f"a probe needs at least two {what}")
     if len(gathered) < 2:
         return
     train, test = set(gathered[0][0].tolist()), gathered[1][0].tolist()

@@ -120,7 +120,9 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path}: no such file")
     try:
-        module = ProteinLM.load_from_checkpoint(path, map_location=map_location)
+        # weights_only: tensors and plain types only, never a pickled object's code (even if the
+        # environment sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD)
+        module = ProteinLM.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
         raise UserError(f"checkpoint {path}: cannot load ({first_line(e)})") from e
     return module.eval()

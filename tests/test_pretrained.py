@@ -120,6 +120,7 @@ def test_config_json_holds_the_model_settings(exported):
                                    "max_positions", "tokenizer_version", "global_step")} == {
         "model_type": "protein_performer", "architectures": ["ProteinPerformerForMaskedLM"],
         "auto_map": {"AutoConfig": "configuration_protein_performer.ProteinPerformerConfig",
+                     "AutoModel": "modeling_protein_performer.ProteinPerformerModel",
                      "AutoModelForMaskedLM": "modeling_protein_performer.ProteinPerformerForMaskedLM",
                      "AutoModelForCausalLM": "modeling_protein_performer.ProteinPerformerForCausalLM"},
         "objective": "mlm", "vocab_size": 30, "dim": 32, "depth": 2, "heads": 2, "ff_mult": 2, "dropout": 0.1,
@@ -237,6 +238,11 @@ def edit_tensors(d, drop=None, extra=None, resize=None):
     save_file(tensors, d / "model.safetensors")
 
 
+def visible(d):
+    """Names in ``d`` but the lock files export keeps beside its outputs (one export per output)."""
+    return sorted(p.name for p in d.iterdir() if not p.name.endswith(".export.lock"))
+
+
 def test_export_refuses_existing_output_and_replaces_it_when_asked(tmp_path):
     ckpt = make_checkpoint(tmp_path / "run", "elu", "mlm")
     out = tmp_path / "shared"
@@ -258,7 +264,7 @@ def test_export_refuses_existing_output_and_replaces_it_when_asked(tmp_path):
     with pytest.raises(UserError, match=r"output .*empty: holds notes.txt, not written by export"):
         export(ckpt, empty, overwrite=True)
     assert (empty / "notes.txt").read_text() == "mine"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "run", "shared"]  # no temporary left
+    assert visible(tmp_path) == ["empty", "run", "shared"]  # no temporary left
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -270,7 +276,7 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(pretrained, "model_card", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export(ckpt, tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert visible(tmp_path) == ["run"]
 
 
 def test_export_checks_the_written_directory_against_the_checkpoint(tmp_path, monkeypatch):
@@ -286,7 +292,7 @@ def test_export_checks_the_written_directory_against_the_checkpoint(tmp_path, mo
     monkeypatch.setattr(pretrained, "_write_weights", redrawn_projections)
     with pytest.raises(RuntimeError, match="does not reproduce the checkpoint's logits"):
         export(ckpt, tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert visible(tmp_path) == ["run"]
 
 
 def test_model_card_reports_recorded_and_measured_figures_only(tmp_path):
@@ -373,6 +379,15 @@ def test_transformers_opens_the_directory_to_the_same_logits(exported, transform
     assert len(got.hidden_states) == len(layers) == 3  # embedding, block 1, final norm after block 2
     for h, ref_h in zip(got.hidden_states, layers):
         torch.testing.assert_close(h[real], ref_h[real], **tol)
+    # the backbone the heads sit on is where base_model_prefix says; AutoModel opens it alone
+    assert model.base_model is getattr(model, model.base_model_prefix) is model.protein_performer
+    base = transformers.AutoModel.from_pretrained(out, trust_remote_code=True)
+    assert type(base).__name__ == "ProteinPerformerModel" and not base.training
+    with torch.no_grad():
+        hidden = base(**enc).last_hidden_state
+        ref_hidden = load_checkpoint(str(ckpt)).model.encoder(tokens, pad)
+    assert hidden.shape == (len(proteins), tokens.shape[1], 32)
+    torch.testing.assert_close(hidden[real], ref_hidden[real], **tol)
     # the loss is the usual one over the labels
     labels = tokens.masked_fill(pad, -100)
     with torch.no_grad():

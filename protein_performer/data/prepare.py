@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import file_sha256
 from ..io import ParseError, check_source, detect_format
 from ..tokenizer import VERSION, Tokenizer
 from .blocks import BlockResult, is_gzip, iter_ranges, iter_text_blocks, read_range, tokenize_block
@@ -46,28 +47,6 @@ HIST_BINS = 18  # log2 length bins: [1,2), [2,4), ... [2^17, inf)
 def default_data_dir() -> Path:
     """``$PROTEIN_PERFORMER_DATA`` or ``~/.cache/protein-performer``."""
     return Path(os.environ.get("PROTEIN_PERFORMER_DATA", Path.home() / ".cache" / "protein-performer"))
-
-
-def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
-    """SHA-256 of a file's bytes, remembered in ``cache_dir`` by (path, size, mtime) so a
-    50 GB source is hashed once, not at every training start."""
-    path = Path(path).resolve()
-    st = path.stat()
-    memo = None
-    if cache_dir is not None:
-        key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
-        memo = Path(cache_dir) / "checksums" / f"{key}.sha256"
-        if memo.is_file():
-            return memo.read_text().strip()
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            h.update(chunk)
-    digest = h.hexdigest()
-    if memo is not None:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(digest + "\n")
-    return digest
 
 
 def _params(format, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part) -> dict:
@@ -392,9 +371,10 @@ class IdCheck:
         return same, diff
 
     def save(self, path: Path) -> None:
-        from ..files import atomic_path
-        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        tmp = path.with_suffix(".tmp")  # a fixed name: under the preparation's lock, a rerun replaces a kill's
+        with open(tmp, "wb") as fh:
             np.save(fh, np.concatenate(self.added) if self.added else np.zeros((0, 2), np.uint64))
+        os.replace(tmp, path)
         self.added = []
 
     def load(self, path: Path) -> None:
