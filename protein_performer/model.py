@@ -1,8 +1,11 @@
 """The Performer protein language model, top to bottom.
 
-tokens -> embedding (+ learned positions, or rotary inside attention)
-       -> depth x [pre-norm attention, pre-norm feed-forward], residual
-       -> final norm -> output head tied to the embedding -> logits
+tokens -> embedding (+ learned positions, or rotary inside attention)      \
+       -> depth x [pre-norm attention, pre-norm feed-forward], residual     } PerformerEncoder
+       -> final norm -> hidden states (B, L, dim)                           /
+       -> output head tied to the embedding -> logits                       PerformerLM
+
+(the heads, that for the LM and those fine-tuning adds, are in :mod:`protein_performer.heads`).
 
 Everything that defines the model is one typed :class:`ModelConfig` (conf/model/*.yaml
 holds the same keys); which attention (FAVOR+ softmax, FAVOR++, ReLU, trig, elu+1 or exact
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from .attention import Attention
 from .attention.feature_maps import KERNELS
 from .errors import UserError
+from .heads import LMHead
 from .tokenizer import Tokenizer
 
 
@@ -134,20 +138,20 @@ class Block(nn.Module):
         return x + self.ff(self.norm2(x)), state
 
 
-class PerformerLM(nn.Module):
-    """Encoder over amino-acid tokens with a tied language-model head.
+def _token_ids(tokens: torch.Tensor) -> torch.Tensor:
+    """Ids of any integer dtype (the tokenizer's uint8 included) as the int64 the embedding takes."""
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"token ids must be integers, got a {tokens.dtype} tensor")
+    return tokens.long()
 
-    ``PerformerLM(ModelConfig(...))``, or keyword overrides of the defaults
-    (``PerformerLM(dim=64, causal=True, attention={"kernel": "relu"})``). ``position``
-    is "rotary" (default; any length) or "learned" (up to ``max_positions``).
-    """
 
-    def __init__(self, config: ModelConfig | None = None, **overrides):
+class PerformerEncoder(nn.Module):
+    """Token ids -> hidden states: embedding (+ learned positions), the blocks, the final norm.
+    What every head (:mod:`protein_performer.heads`) sits on."""
+
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        if overrides:
-            base = ModelConfig() if config is None else config
-            config = ModelConfig.from_dict({**asdict(base), **overrides})
-        self.config = c = config or ModelConfig()
+        self.config = c = config
         self.causal, self.position, self.max_positions = c.causal, c.position, c.max_positions
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.pos_embed = nn.Embedding(c.max_positions, c.dim) if c.position == "learned" else None
@@ -155,7 +159,6 @@ class PerformerLM(nn.Module):
         # each layer draws its own random-feature projections (seed = layer index)
         self.blocks = nn.ModuleList(Block(c, seed=i) for i in range(c.depth))
         self.norm = nn.LayerNorm(c.dim)
-        self.head_bias = nn.Parameter(torch.zeros(c.vocab_size))
         nn.init.normal_(self.embed.weight, std=0.02)
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed.weight, std=0.02)
@@ -172,14 +175,12 @@ class PerformerLM(nn.Module):
                             f"(model.max_positions={self.max_positions}); use model.position=rotary for longer proteins")
         return x + self.pos_embed(torch.arange(start, start + length, device=x.device))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.embed.weight, self.head_bias)
-
     def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None,
                 return_layers: bool = False):
-        """tokens (B, L) -> logits (B, L, V). ``padding_mask`` is True at padding.
-        With ``return_layers``, also the hidden states: [embedding, block 1, ..., final norm]."""
-        x = self.drop(self._positions(self.embed(tokens), 0, tokens.size(1)))
+        """tokens (B, L), any integer dtype -> hidden states (B, L, dim) after the final norm.
+        ``padding_mask`` is True at padding. With ``return_layers``, also the list
+        [embedding, block 1, ..., block depth-1, final norm]."""
+        x = self.drop(self._positions(self.embed(_token_ids(tokens)), 0, tokens.size(1)))
         layers = [x]
         for block in self.blocks:
             x = block(x, padding_mask)
@@ -187,8 +188,8 @@ class PerformerLM(nn.Module):
         h = self.norm(x)
         if return_layers:
             layers[-1] = h
-            return self.logits(h), layers
-        return self.logits(h)
+            return h, layers
+        return h
 
     # --- RNN-mode decoding (causal models) -------------------------------------------
     def init_state(self, batch_size: int, device=None) -> dict:
@@ -198,11 +199,100 @@ class PerformerLM(nn.Module):
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """One token per sequence (B,) -> next-token logits (B, V) and the new state; cost
+        """One token per sequence (B,) -> its hidden state (B, dim) and the new state; cost
         and memory do not grow with position for linear kernels."""
-        x = self._positions(self.embed(token), state["pos"], 1) if self.pos_embed is not None else self.embed(token)
+        x = self._positions(self.embed(_token_ids(token)), state["pos"], 1)
         new_layers = []
         for block, s in zip(self.blocks, state["layers"]):
             x, s = block.step(x, s)
             new_layers.append(s)
-        return self.logits(self.norm(x)), {"pos": state["pos"] + 1, "layers": new_layers}
+        return self.norm(x), {"pos": state["pos"] + 1, "layers": new_layers}
+
+
+class PerformerLM(nn.Module):
+    """:class:`PerformerEncoder` with a language-model head tied to its embedding.
+
+    ``PerformerLM(ModelConfig(...))``, or keyword overrides of the defaults
+    (``PerformerLM(dim=64, causal=True, attention={"kernel": "relu"})``). ``position``
+    is "rotary" (default; any length) or "learned" (up to ``max_positions``).
+
+    Its state_dict keys are those of the single class it used to be (``embed.weight``,
+    ``blocks.0...``, ``head_bias``: checkpoints and exported directories hold them), mapped
+    to and from ``encoder.*`` / ``lm_head.bias`` by the hooks below.
+    """
+
+    def __init__(self, config: ModelConfig | None = None, **overrides):
+        super().__init__()
+        if overrides:
+            base = ModelConfig() if config is None else config
+            config = ModelConfig.from_dict({**asdict(base), **overrides})
+        self.config = c = config or ModelConfig()
+        self.causal, self.position, self.max_positions = c.causal, c.position, c.max_positions
+        # the head first: its bias stays the first parameter, as in older checkpoints' optimizer state
+        self.lm_head = LMHead(c.vocab_size)
+        self.encoder = PerformerEncoder(c)
+        self.register_state_dict_post_hook(_saved_keys)
+        self.register_load_state_dict_pre_hook(_loaded_keys)
+        self.register_load_state_dict_post_hook(_reported_keys)
+
+    # the encoder's parts, under the names callers have always used
+    embed = property(lambda self: self.encoder.embed)
+    pos_embed = property(lambda self: self.encoder.pos_embed)
+    blocks = property(lambda self: self.encoder.blocks)
+    norm = property(lambda self: self.encoder.norm)
+    head_bias = property(lambda self: self.lm_head.bias)
+
+    @property
+    def depth(self) -> int:
+        return self.encoder.depth
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden, self.encoder.embed.weight)
+
+    def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None,
+                return_layers: bool = False):
+        """tokens (B, L), any integer dtype -> logits (B, L, V). ``padding_mask`` is True at padding.
+        With ``return_layers``, also the hidden states: [embedding, block 1, ..., final norm]."""
+        if return_layers:
+            h, layers = self.encoder(tokens, padding_mask, return_layers=True)
+            return self.logits(h), layers
+        return self.logits(self.encoder(tokens, padding_mask))
+
+    def init_state(self, batch_size: int, device=None) -> dict:
+        return self.encoder.init_state(batch_size, device)
+
+    @torch.no_grad()
+    def step(self, token: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """One token per sequence (B,) -> next-token logits (B, V) and the new state."""
+        h, state = self.encoder.step(token, state)
+        return self.logits(h), state
+
+
+def _saved_name(name: str) -> str:
+    return "head_bias" if name == "lm_head.bias" else name.removeprefix("encoder.")
+
+
+def _saved_keys(module: PerformerLM, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict post-hook: ``encoder.X`` -> ``X``, ``lm_head.bias`` -> ``head_bias`` (order kept)."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[prefix + _saved_name(key[len(prefix):])] = state_dict.pop(key)
+
+
+def _loaded_keys(module: PerformerLM, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook, the inverse: ``head_bias`` -> ``lm_head.bias``, an encoder part's
+    ``X`` -> ``encoder.X``; any other key is left as it is (reported unexpected if strict)."""
+    module.__dict__["_loading_prefix"] = prefix  # for _reported_keys
+    parts = set(module.encoder._modules) | set(module.encoder._parameters) | set(module.encoder._buffers)
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        name = key[len(prefix):]
+        if name == "head_bias":
+            state_dict[prefix + "lm_head.bias"] = state_dict.pop(key)
+        elif name.split(".", 1)[0] in parts:
+            state_dict[prefix + "encoder." + name] = state_dict.pop(key)
+
+
+def _reported_keys(module: PerformerLM, incompatible) -> None:
+    """load_state_dict post-hook: missing and unexpected keys named as the state_dict names them."""
+    prefix = module.__dict__.pop("_loading_prefix", "")
+    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+        keys[:] = [prefix + _saved_name(k[len(prefix):]) if k.startswith(prefix) else k for k in keys]

@@ -248,6 +248,7 @@ def export_config(model: ModelConfig, hparams: dict, step: int | None) -> dict:
         "architectures": [arch],
         # both auto classes, so that the wrong one says which to use (the model class checks)
         "auto_map": {"AutoConfig": "configuration_protein_performer.ProteinPerformerConfig",
+                     "AutoModel": "modeling_protein_performer.ProteinPerformerModel",  # the backbone
                      **{a: f"modeling_protein_performer.{c}" for c, a in ARCHITECTURES.values()}},
         "objective": objective,
         **model.to_dict(),

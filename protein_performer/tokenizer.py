@@ -95,7 +95,9 @@ class Tokenizer:
 
     def encode(self, sequence: str, *, add_cls: bool = True, add_eos: bool = True,
                source: str = "<string>", record: str = "?") -> np.ndarray:
-        """Sequence -> uint8 ids, optionally wrapped as ``<cls> residues <eos>``."""
+        """Sequence -> uint8 ids, optionally wrapped as ``<cls> residues <eos>``. uint8: compact, as
+        shards hold them; the model takes ids of any integer dtype, so
+        ``model(torch.tensor([tok.encode(seq)]))`` needs no cast."""
         seq = self.clean(sequence, source=source, record=record)
         raw = np.frombuffer(seq.encode("latin-1", errors="replace"), dtype=np.uint8)
         ids = self._table[raw]

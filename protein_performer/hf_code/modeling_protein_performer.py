@@ -1,12 +1,14 @@
 """transformers model code of an exported protein-performer model (copied by its export).
 
 Self-contained on purpose: a colleague needs torch and transformers, not protein-performer.
-It is a second, inference-first implementation of protein-performer's ``PerformerLM``
-forward pass, written for reading rather than speed:
+It is a second, inference-first implementation of protein-performer's ``PerformerEncoder``
+and ``PerformerLM`` forward passes, written for reading rather than speed:
 
     tokens -> embedding (+ learned positions, or rotary on q and k)
            -> depth x [x + attention(norm(x)), x + feed-forward(norm(x))]
-           -> final norm -> logits against the embedding matrix (tied) + bias
+           -> final norm -> hidden states         ProteinPerformerModel (AutoModel)
+           -> logits against the embedding matrix (tied) + bias
+                                                  ProteinPerformerFor{MaskedLM,CausalLM}
 
 Attention is exact softmax (SDPA) or linear attention phi(q) (phi(K)^T [V, 1]) through the
 kernel's feature map phi ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu"). The random
@@ -25,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput
 
 from .configuration_protein_performer import ProteinPerformerConfig
 
@@ -215,17 +217,22 @@ class FeedForward(nn.Module):
 
 
 class ProteinPerformerPreTrainedModel(PreTrainedModel):
-    """The language model; its parameter names are those of protein-performer's PerformerLM."""
+    """Common base; the parameter names are those of protein-performer's PerformerEncoder."""
 
     config_class = ProteinPerformerConfig
     base_model_prefix = "protein_performer"
-    objective = None  # set by the subclasses: which objective's models they open
+    # the LM head's bias, in every exported model.safetensors: the backbone alone does not use it
+    _keys_to_ignore_on_load_unexpected = [r"^(protein_performer\.)?head_bias$"]
+
+    def _init_weights(self, module):
+        """Nothing to initialize: every weight comes from model.safetensors."""
+
+
+class ProteinPerformerModel(ProteinPerformerPreTrainedModel):
+    """The backbone (``AutoModel``): tokens -> hidden states after the final norm, (B, L, dim)."""
 
     def __init__(self, config):
         super().__init__(config)
-        if config.objective != self.objective:
-            other = "AutoModelForCausalLM" if config.objective == "clm" else "AutoModelForMaskedLM"
-            raise ValueError(f"this is a {config.objective} model: open it with {other}")
         if config.position not in ("rotary", "learned"):
             raise ValueError(f"position must be 'rotary' or 'learned', got {config.position!r}")
         causal = config.objective == "clm"
@@ -234,11 +241,7 @@ class ProteinPerformerPreTrainedModel(PreTrainedModel):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, causal) for _ in range(config.depth))
         self.norm = nn.LayerNorm(config.dim)
-        self.head_bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.post_init()
-
-    def _init_weights(self, module):
-        """Nothing to initialize: every weight comes from model.safetensors."""
 
     def get_input_embeddings(self):
         return self.embed
@@ -246,13 +249,13 @@ class ProteinPerformerPreTrainedModel(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed = value
 
-    def _logits(self, input_ids, attention_mask, output_hidden_states):
-        """input_ids (B, L); attention_mask (B, L), 1 = token, 0 = padding -> logits (B, L, V) and
-        the hidden states (embedding, each block, final norm) when asked for."""
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """input_ids (B, L); attention_mask (B, L), 1 = token, 0 = padding -> last_hidden_state (B, L, dim)
+        and, when asked for, the hidden states (embedding, each block, final norm)."""
         pad = None if attention_mask is None else attention_mask == 0
         if pad is not None and not pad.any():
             pad = None
-        x = self.embed(input_ids)
+        x = self.embed(input_ids.long())
         if self.pos_embed is not None:
             L = input_ids.shape[1]
             if L > self.config.max_positions:
@@ -265,11 +268,34 @@ class ProteinPerformerPreTrainedModel(PreTrainedModel):
             hidden.append(x)
         h = self.norm(x)
         hidden[-1] = h
-        logits = F.linear(h, self.embed.weight, self.head_bias)
-        return logits, (tuple(hidden) if output_hidden_states else None)
+        out = BaseModelOutput(last_hidden_state=h, hidden_states=tuple(hidden) if output_hidden_states else None)
+        return out if return_dict is not False else out.to_tuple()
 
 
-class ProteinPerformerForMaskedLM(ProteinPerformerPreTrainedModel):
+class ProteinPerformerLMHeadModel(ProteinPerformerPreTrainedModel):
+    """The backbone with the language-model head tied to its embedding: logits = h E^T + head_bias."""
+
+    objective = None  # set by the subclasses: which objective's models they open
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.objective != self.objective:
+            other = "AutoModelForCausalLM" if config.objective == "clm" else "AutoModelForMaskedLM"
+            raise ValueError(f"this is a {config.objective} model: open it with {other}")
+        self.protein_performer = ProteinPerformerModel(config)
+        # The bias is registered on the backbone, so that its key is <prefix>.head_bias: model.safetensors
+        # holds the backbone's tensors without the prefix, and head_bias among them; transformers adds
+        # the prefix to all of them at once (4.x) or to each one the model has under it (5.x).
+        self.protein_performer.head_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.post_init()
+
+    def _logits(self, input_ids, attention_mask, output_hidden_states):
+        base = self.protein_performer
+        out = base(input_ids, attention_mask, output_hidden_states=output_hidden_states, return_dict=True)
+        return F.linear(out.last_hidden_state, base.embed.weight, base.head_bias), out.hidden_states
+
+
+class ProteinPerformerForMaskedLM(ProteinPerformerLMHeadModel):
     """Bidirectional (objective mlm) model: logits at every position; loss over labels != -100."""
 
     objective = "mlm"
@@ -284,7 +310,7 @@ class ProteinPerformerForMaskedLM(ProteinPerformerPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class ProteinPerformerForCausalLM(ProteinPerformerPreTrainedModel):
+class ProteinPerformerForCausalLM(ProteinPerformerLMHeadModel):
     """Causal (objective clm) model: logits at position i predict token i + 1; loss over shifted labels."""
 
     objective = "clm"
