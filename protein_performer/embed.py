@@ -375,19 +375,31 @@ class H5Output:
     def _batch_files(self) -> list[Path]:
         return sorted(self.journal.glob("batch-*.npz")) if self.journal.is_dir() else []
 
+    def _bad(self, path: Path, why: str):
+        return UserError(f"{path}: not a readable journal batch of this input ({why}); pass overwrite=true "
+                         f"to embed {self.path} again from the start")
+
     def _load(self, path: Path):
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise UserError(f"{path}: unreadable journal batch ({type(e).__name__}); pass overwrite=true "
-                            f"to embed {self.path} again from the start") from None
+            raise self._bad(path, type(e).__name__) from None
+
+    def _array(self, z, key: str, path: Path) -> np.ndarray:
+        """One array of a batch file: plain numbers only (an object array is refused, never unpickled)."""
+        try:
+            a = z[key]
+        except (KeyError, OSError, ValueError) as e:
+            raise self._bad(path, f"{key}: {type(e).__name__}") from None
+        if a.dtype.kind not in "iuf":
+            raise self._bad(path, f"{key}: dtype {a.dtype}")
+        return a
 
     def _index(self, z, path: Path) -> np.ndarray:
-        index = z["index"] if "index" in z.files else None
-        if index is None or index.ndim != 1 or index.dtype.kind not in "iu" or \
+        index = self._array(z, "index", path)
+        if index.ndim != 1 or index.dtype.kind not in "iu" or \
                 (index.size and not (0 <= index.min() and index.max() < self.n)):
-            raise UserError(f"{path}: not a journal batch of this input (bad index); pass overwrite=true "
-                            f"to embed {self.path} again from the start")
+            raise self._bad(path, "bad index")
         return index.astype(np.int64)
 
     def open(self):
@@ -444,11 +456,12 @@ class H5Output:
                     if not len(new):
                         continue
                     for (p, layer), ds in sets.items():
-                        ds[index[new]] = z[f"pooled|{p}|{layer}"][new]
+                        ds[index[new]] = self._array(z, f"pooled|{p}|{layer}", path)[new]
                     if self.identity["per_residue"]:
                         for j in new:
                             for layer in self.layers:
-                                f.create_dataset(self._res_key(layer, ids[index[j]]), data=z[f"res|{layer}|{j}"])
+                                f.create_dataset(self._res_key(layer, ids[index[j]]),
+                                                 data=self._array(z, f"res|{layer}|{j}", path))
                     written[index[new]] = True
             if not written.all():
                 raise RuntimeError(f"{self.journal}: {int((~written).sum())} records were never embedded")
@@ -524,8 +537,9 @@ class PtOutput:
     with per-residue output, ``representations``, each keyed by absolute layer number.
 
     Every file embed puts there is recorded first in ``.protein-performer-written.json``
-    (:class:`~protein_performer.files.WrittenFiles`): ``overwrite`` removes those and nothing
-    else, and a ``.pt`` a user put there is never replaced (refused before work starts). Files
+    (:class:`~protein_performer.files.WrittenFiles`; all of a run's names at its start, one
+    journal write however many proteins): ``overwrite`` removes those and nothing else, and a
+    ``.pt`` a user put there is never replaced (refused before work starts). Files
     are written in ``.protein-performer-tmp/`` (recorded) and renamed into place, so a file that
     exists is whole and a kill leaves nothing unrecorded. ``embed_settings.json`` records the
     identity; files of another identity are refused (``overwrite``: removed first). The
@@ -534,11 +548,12 @@ class PtOutput:
     WRITTEN, SETTINGS, STAGING, LOCK = (".protein-performer-written.json", "embed_settings.json",
                                         ".protein-performer-tmp", ".protein-performer.lock")
 
-    def __init__(self, directory: str | Path, identity: dict, overwrite: bool, names: Iterable[str]):
+    def __init__(self, directory: str | Path, identity: dict, overwrite: bool, names: list[str]):
         self.dir, self.identity, self.overwrite = Path(directory), identity, overwrite
         self.written = WrittenFiles(self.dir / self.WRITTEN)
         self.settings, self.staging = self.dir / self.SETTINGS, self.dir / self.STAGING
-        for p in [self.settings, self.staging] + [self.dir / f"{n}.pt" for n in names]:
+        self.files = [self.dir / f"{n}.pt" for n in names]
+        for p in [self.settings, self.staging] + self.files:
             if os.path.lexists(p) and p not in self.written:
                 raise UserError(f"pt_dir {p}: exists and was not written by embed (not recorded in "
                                 f"{self.WRITTEN}); refusing to replace it: move it or choose another pt_dir")
@@ -547,7 +562,7 @@ class PtOutput:
             with contextlib.suppress(ValueError):
                 self.old = json.loads(self.settings.read_text())
         mine = [k for k in self.written.paths if k.endswith(".pt") and (self.dir / k).is_file()]
-        self.diff = differences(self.old, identity) if self.old or mine else ""
+        self.diff = differences(self.old, identity) if mine else ""  # settings matter once files exist
         if self.diff and not overwrite:
             _refuse(f"pt_dir {self.dir}", self.diff, self.dir)
         self.done = set() if overwrite else {k[: -len(".pt")] for k in mine}  # escaped names
@@ -555,7 +570,7 @@ class PtOutput:
     def open(self):
         if self.overwrite:
             self.written.remove_all()  # only what earlier embed runs recorded writing
-        self.written.record(self.settings, self.staging)
+        self.written.record(self.settings, self.staging, *(p for p in self.files if p.stem not in self.done))
         remove_path(self.staging)  # what a killed run left half-written
         self.staging.mkdir()
         if self.overwrite or differences(self.old, self.identity):
@@ -573,12 +588,9 @@ class PtOutput:
         return safe_name(rid) in self.done
 
     def write(self, items: list[tuple[str, dict]]):
-        """Write ``(id, result)`` pairs, recorded first (one journal write per batch)."""
-        if not items:
-            return
-        paths = [self.dir / f"{safe_name(rid)}.pt" for rid, _ in items]
-        self.written.record(*paths)
-        for (rid, result), path in zip(items, paths):
+        """Write ``(id, result)`` pairs (their names were recorded by :meth:`open`)."""
+        for rid, result in items:
+            path = self.dir / f"{safe_name(rid)}.pt"
             obj: dict = {"label": rid}
             for p, by_layer in result["pooled"].items():
                 obj[PT_KEYS[p]] = {layer: torch.from_numpy(v) for layer, v in by_layer.items()}
@@ -666,7 +678,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
             h5 = H5Output(output, identity, attrs, overwrite, len(ids))
         if pt_dir is not None:
             stack.enter_context(exclusive_lock(Path(pt_dir) / PtOutput.LOCK, what=f"pt_dir {pt_dir}"))
-            pt = PtOutput(pt_dir, identity, overwrite, map(safe_name, ids))
+            pt = PtOutput(pt_dir, identity, overwrite, [safe_name(i) for i in ids])
         for out in (h5, pt):
             if out is not None:
                 out.open()
