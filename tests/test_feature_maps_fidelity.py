@@ -130,7 +130,7 @@ def test_benchmark_quick_floor_is_the_mean_of_values(tmp_path):
     ref = softmax_attention(q, k, v)
     rows = fidelity.sample_rows(64, 32)
     ref = ref[:, :, rows]
-    err = float((v.mean(-2, keepdim=True) - ref).norm() / ref.norm())
+    err = float(((v.mean(-2, keepdim=True) - ref).norm(dim=-1) / ref.norm(dim=-1)).mean())  # per row, averaged
     assert mean["bidir. L=64"].split()[0] == f"{err:.2f}"
     assert {r["kernel"] for r in table} >= {"FAVOR+", "FAVOR++", "trig", "ReLU", "elu+1", "Hedgehog"}
     assert "no trained checkpoint" in out.read_text()

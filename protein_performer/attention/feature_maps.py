@@ -29,7 +29,7 @@ Kernels
     Fourier estimator of the softmax kernel.  Not positive: its normalizer can be near 0 or
     negative, which is why the Performer paper found it unstable.  Here the normalizer is
     floored (``TrigFeatures``), which bounds outputs by max|v| / 1e-6, and building it warns:
-    unsafe for training, kept for the approximation study.
+    training refuses it (TRIG_REFUSAL, measured in docs/fidelity.md); kept for the approximation study.
 ``ReluFeatures`` (kernel "relu")
     Generalized attention with f = ReLU: phi(x) = relu(W x) + 1e-3 (W orthogonal random
     features), or relu(x) + 1e-3 without a projection (r = d).  The 1e-3 is added to
@@ -273,7 +273,7 @@ class FavorPlusPlus(FavorPlus):
 
 #: why training refuses trig (measured: docs/fidelity.md, "trig: non-positive normalizers")
 TRIG_REFUSAL = ("model.attention.kernel=trig: refused for training: its normalizer q'.sum(k') is not positive "
-                "(at logit std 1, PLACEHOLDER of rows are <= 0 and floored, output errors ~1e4; docs/fidelity.md); "
+                "(at logit std 1, 10-48 % of rows are <= 0 and floored, output errors ~1e4; docs/fidelity.md); "
                 "use softmax, favor++, relu, elu or hedgehog")
 
 
