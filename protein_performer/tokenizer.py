@@ -20,6 +20,14 @@ STANDARD_AA = "ACDEFGHIKLMNPQRSTVWY"
 EXTRA_AA = "XBZUO"  # unknown, Asx, Glx, selenocysteine, pyrrolysine
 AMINO_ACIDS = STANDARD_AA + EXTRA_AA
 
+#: ESM's alphabet (fair-esm ``Alphabet.from_architecture("ESM-1b")``, ESM-2's vocab.txt), in ESM's id
+#: order: a converted ESM model (``convert-esm``) reads these ids and its logits are indexed by them.
+#: ``.`` and ``-`` (alignment gaps) and ``<null_1>`` (padding the table to 32) are never encoded here.
+ESM_TOKENS = ("<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO", ".", "-", "<null_1>", "<mask>")
+#: vocabulary name -> (tokens in id order, the residues AMINO_ACIDS in id order from the first residue's id)
+VOCABULARIES = {"protein-performer": (SPECIAL_TOKENS + tuple(AMINO_ACIDS), AMINO_ACIDS),
+                "esm": (ESM_TOKENS, "LAGVSERTIDPKQNFYMHWCXBUZO")}
+
 
 class InvalidSequenceError(UserError):
     """A residue the vocabulary does not know, reported with where it was found."""
@@ -36,23 +44,40 @@ class Tokenizer:
 
     unknown: str = "error"  # "error" | "X" | "unk"
 
-    pad_id: int = 0
-    mask_id: int = 1
-    cls_id: int = 2
-    eos_id: int = 3
-    unk_id: int = 4
+    # the special tokens' ids; None: the vocabulary's (0-4 in protein-performer's own)
+    pad_id: int = None
+    mask_id: int = None
+    cls_id: int = None
+    eos_id: int = None
+    unk_id: int = None
     # the setting that controls ``unknown`` in the command at hand, named in error hints
     # (``data.unknown`` for train / prepare_data / evaluate, ``unknown`` for embed)
     unknown_key: str = field(default="data.unknown", compare=False)
+    #: "protein-performer" (this project's table, VERSION) or "esm" (ESM's 33 tokens, ESM's ids)
+    vocabulary: str = "protein-performer"
 
     def __post_init__(self):
         if self.unknown not in ("error", "X", "unk"):
             raise UserError(f"{self.unknown_key} must be 'error', 'X' or 'unk', got {self.unknown!r}")
+        if self.vocabulary not in VOCABULARIES:
+            raise UserError(f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
+        for name in ("pad", "mask", "cls", "eos", "unk"):
+            if getattr(self, f"{name}_id") is None:
+                object.__setattr__(self, f"{name}_id", self.tokens.index(f"<{name}>"))
 
     # --- vocabulary -------------------------------------------------------------------
     @property
     def tokens(self) -> tuple[str, ...]:
-        return SPECIAL_TOKENS + tuple(AMINO_ACIDS)
+        return VOCABULARIES[self.vocabulary][0]
+
+    @property
+    def residues(self) -> str:
+        """The amino acids (AMINO_ACIDS) in id order: ids ``aa_offset .. aa_offset + len - 1``."""
+        return VOCABULARIES[self.vocabulary][1]
+
+    def aa_id(self, aa: str) -> int:
+        """The id of amino acid ``aa`` (an upper-case letter of AMINO_ACIDS)."""
+        return self.aa_offset + self.residues.index(aa)
 
     @property
     def vocab_size(self) -> int:
@@ -60,18 +85,19 @@ class Tokenizer:
 
     @property
     def aa_offset(self) -> int:
-        """Id of the first amino acid; amino acids occupy ``aa_offset .. vocab_size-1``."""
-        return len(SPECIAL_TOKENS)
+        """Id of the first amino acid; amino acids occupy ``aa_offset .. aa_offset + 24`` (to
+        ``vocab_size-1`` in protein-performer's vocabulary; ESM's has gap tokens and <mask> after them)."""
+        return self.tokens.index(self.residues[0])
 
     @property
     def standard_aa_ids(self) -> list[int]:
-        return [self.aa_offset + i for i in range(len(STANDARD_AA))]
+        return [self.aa_id(aa) for aa in STANDARD_AA]
 
     def _lookup(self) -> np.ndarray:
         """256-entry byte -> id table; -1 marks bytes that are not residues."""
         table = np.full(256, -1, dtype=np.int16)
-        for i, aa in enumerate(AMINO_ACIDS):
-            table[ord(aa)] = table[ord(aa.lower())] = self.aa_offset + i
+        for aa in AMINO_ACIDS:
+            table[ord(aa)] = table[ord(aa.lower())] = self.aa_id(aa)
         return table
 
     # --- encode / decode ----------------------------------------------------------------
@@ -103,17 +129,17 @@ class Tokenizer:
         ids = self._table[raw]
         if (ids < 0).any():  # only reachable when unknown != "error"
             ids = ids.copy()
-            ids[ids < 0] = self.aa_offset + AMINO_ACIDS.index("X") if self.unknown == "X" else self.unk_id
+            ids[ids < 0] = self.aa_id("X") if self.unknown == "X" else self.unk_id
         parts = ([np.array([self.cls_id])] if add_cls else []) + [ids] + (
             [np.array([self.eos_id])] if add_eos else [])
         return np.concatenate(parts).astype(np.uint8)
 
     def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> str:
-        toks = self.tokens
+        toks, first, end = self.tokens, self.aa_offset, self.aa_offset + len(self.residues)
         out = []
         for i in ids:
             i = int(i)
-            if i >= self.aa_offset:
+            if first <= i < end:
                 out.append(toks[i])
             elif keep_special:
                 out.append(toks[i])
