@@ -11,8 +11,8 @@ that journal, never by name:
   checkpoints, and notes which paths this invocation is about to create;
 - a run that stops on a user error (:meth:`RunFolder.discard_on_user_error`) removes exactly
   those paths again, so a typo leaves no folder and the user's files stay as they were;
-- ``overwrite=true`` moves the old checkpoints aside only when training starts and deletes
-  them once it succeeded (:func:`replacing_checkpoints`): a run that fails puts them back;
+- ``overwrite=true`` moves the old checkpoints and config aside only when training starts and
+  deletes them once it succeeded (:func:`replacing_run`): a run that fails puts them back;
 - an old best checkpoint is deleted only if this folder's journal recorded it (a resume
   from another folder never deletes that folder's files).
 """
@@ -27,7 +27,7 @@ from .files import WrittenFiles
 
 JOURNAL = ".protein-performer.json"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
-REPLACED = ".replaced"  # checkpoints/.replaced/: the old run's checkpoints while overwrite=true trains
+REPLACED = ".replaced"  # <run>/.replaced/: the old run's checkpoints and config while overwrite=true trains
 
 
 def journal(run_dir: str | Path) -> WrittenFiles:
@@ -42,9 +42,10 @@ def checkpoints_in(ckpt_dir: str | Path) -> list[Path]:
 def check_run_folder(ckpt_dir: str | Path, ckpt_path: str | None, overwrite: bool) -> None:
     """Refuse a folder that already holds checkpoints, unless resuming from it or overwriting."""
     ckpt_dir = Path(ckpt_dir)
-    if (ckpt_dir / REPLACED).exists():
-        raise UserError(f"{ckpt_dir / REPLACED}: holds the checkpoints an interrupted overwrite=true run was "
-                        f"replacing; move them back into {ckpt_dir} (or delete them), then rerun")
+    if (ckpt_dir.parent / REPLACED).exists():
+        raise UserError(f"{ckpt_dir.parent / REPLACED}: holds the checkpoints and config.yaml an interrupted "
+                        f"overwrite=true run was replacing; move them back (checkpoints into {ckpt_dir}) "
+                        f"or delete them, then rerun")
     found = checkpoints_in(ckpt_dir)
     if not found or overwrite:
         return
@@ -126,24 +127,25 @@ def open_run_folder(run_dir: str | Path, job_name: str, ckpt_path: str | None, o
 
 
 @contextlib.contextmanager
-def replacing_checkpoints(ckpt_dir: str | Path, written: WrittenFiles, enabled: bool):
-    """``overwrite=true``: the old run's checkpoints wait in ``checkpoints/.replaced/`` while the
-    new run trains; they are deleted when it succeeded and put back when it fails (the
-    checkpoints it wrote removed first). Rank zero only."""
-    ckpt_dir = Path(ckpt_dir)
-    old = checkpoints_in(ckpt_dir) if enabled else []
+def replacing_run(run_dir: str | Path, written: WrittenFiles, enabled: bool):
+    """``overwrite=true``: the old run's checkpoints and ``config.yaml`` wait in ``.replaced/``
+    while the new run trains; they are deleted when it succeeded and put back when it fails
+    (what it wrote removed first). Rank zero only."""
+    run_dir = Path(run_dir)
+    old = checkpoints_in(run_dir / "checkpoints") if enabled else []
     if not old:
         yield
         return
-    aside = ckpt_dir / REPLACED
+    old += [p for p in (run_dir / "config.yaml",) if p.is_file()]
+    aside = run_dir / REPLACED
     aside.mkdir()
     for p in old:
         os.replace(p, aside / p.name)
     try:
         yield
     except BaseException:
-        for p in checkpoints_in(ckpt_dir):
-            if p in written:
+        for p in (*checkpoints_in(run_dir / "checkpoints"), run_dir / "config.yaml"):
+            if p.exists() and p in written:
                 p.unlink()
         for p in old:
             os.replace(aside / p.name, p)

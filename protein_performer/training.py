@@ -30,7 +30,7 @@ from .files import atomic_path
 from .model import ModelConfig
 from .objectives import check_objective
 from .quiet import quiet_libraries
-from .run_folder import check_own_files, check_run_folder, journal, replacing_checkpoints
+from .run_folder import check_own_files, check_run_folder, journal, replacing_run
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
 from .tasks import ProteinLM
 
@@ -104,10 +104,21 @@ class RecordedCheckpoint(ModelCheckpoint):
 
 
 def save_whole(written, path: str | Path, save) -> None:
-    """Record ``path``, then ``save(tmp)`` beside it and rename: a kill leaves the old file whole."""
+    """Record ``path``, then ``save(tmp)`` beside it and rename: a kill leaves the old file whole
+    (and a recorded temporary file, which the next run in the folder removes)."""
     written.record(path)
     with atomic_path(path) as tmp:
+        written.record(tmp)
         save(str(tmp))
+    written.forget(tmp)
+
+
+def remove_stale_temporaries(written) -> None:
+    """Temporary files a killed run recorded (``save_whole``) and left behind."""
+    for key in list(written.paths):
+        p = written.path_of(key)
+        if p.name.startswith(".") and p.name.endswith(".tmp"):
+            written.remove(p)
 
 
 def choose_best(trainer: pl.Trainer, callback: ModelCheckpoint, val_loss: float | None) -> tuple[Path | None, bool]:
@@ -151,8 +162,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     written = journal(run_dir)
     zero = rank_zero_only.rank == 0
     if zero:
-        written.record(run_dir / "config.yaml")
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        remove_stale_temporaries(written)
     if cfg.get("compile"):  # in place: state_dict keys and checkpoints are unchanged
         task.model.compile(dynamic=True)
     n_params = sum(p.numel() for p in task.parameters())
@@ -169,7 +179,10 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
         logger.log_hyperparams(run_config(cfg, task))
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, default_root_dir=str(run_dir), logger=logger,
                                                   callbacks=callbacks)
-    with replacing_checkpoints(ckpt_dir, written, overwrite and zero):
+    with replacing_run(run_dir, written, overwrite and zero):
+        if zero:
+            written.record(run_dir / "config.yaml")
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         results = trainer.validate(task, datamodule=datamodule, verbose=False)[0]
         summary = {k: float(v) for k, v in results.items()}
