@@ -414,11 +414,11 @@ def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | N
               "are the ones above, and no downstream (structure or function) evaluation is recorded here. "
               "Generated or predicted sequences are hypotheses, not validated proteins.",
               "", "## Use", "", "With protein-performer installed (no Lightning, no pickle):", "", "```python",
-              "import torch",
-              "from protein_performer.pretrained import load_pretrained",
-              "model, tokenizer = load_pretrained(\"path/to/this/directory\")  # PerformerLM in eval mode",
-              "ids = torch.as_tensor(tokenizer.encode(\"MKTAYIAKQR\"), dtype=torch.long)[None]",
-              "logits = model(ids)  # (1, L, vocab)", "```", "",
+              "import torch, protein_performer",
+              "model, tokenizer = protein_performer.load_pretrained(\"path/to/this/directory\")  # PerformerLM, eval mode",
+              "ids = torch.as_tensor(tokenizer.encode(\"MKTAYIAKQR\"))[None]",
+              "logits = model(ids)  # (1, L, vocab)",
+              "hidden = model.encoder(ids)  # (1, L, dim), the final norm's output", "```", "",
               "With transformers only (torch and transformers >= 4.57; the model code is in this directory, "
               "self-contained, hence `trust_remote_code=True`):", "", "```python",
               f"from transformers import AutoTokenizer, {auto}",
@@ -427,7 +427,8 @@ def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | N
               "batch = tokenizer([\"MKTAYIAKQR\", \"MQIFVK\"], return_tensors=\"pt\", padding=True)",
               "logits = model(**batch).logits", "```", "",
               "The transformers code reproduces protein-performer's logits (tested to 1e-5) and returns hidden "
-              "states with `output_hidden_states=True`; it has no cache and no `generate()`"
+              "states with `output_hidden_states=True`; `AutoModel` opens the backbone alone (hidden states, "
+              "for embeddings or a task head); it has no cache and no `generate()`"
               + (": sample with protein-performer's `scripts/generate.py`." if obj == "clm" else "."),
               "", "## Licence", "",
               f"- training data: {data['licence']}",

@@ -5,6 +5,7 @@ dtype (the tokenizer's uint8) go straight into the model."""
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -163,12 +164,14 @@ def test_token_head_gives_one_output_per_position():
             torch.testing.assert_close(out[i, j], torch.stack([h[i, j] @ w[c] + b[c] for c in range(3)]))
 
 
+@pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy.ndarrays")  # torch's, about speed
 def test_tokenizer_output_goes_straight_into_the_model():
     model = tiny()
     ids = TOK.encode(PROTEINS[0])
+    assert ids.dtype == np.uint8  # compact, as the shards hold them
     with torch.no_grad():
         ref = model(torch.as_tensor(ids, dtype=torch.long)[None])
-        for tokens in (torch.tensor(ids[None]), torch.from_numpy(ids)[None], torch.tensor([ids.tolist()], dtype=torch.int32),
+        for tokens in (torch.tensor([TOK.encode(PROTEINS[0])]), torch.tensor(ids[None]), torch.from_numpy(ids)[None], torch.tensor([ids.tolist()], dtype=torch.int32),
                        torch.tensor([ids.tolist()], dtype=torch.int16)):
             assert torch.equal(model(tokens), ref), tokens.dtype
         assert torch.equal(model.encoder(torch.from_numpy(ids)[None]), model.encoder(torch.from_numpy(ids)[None].long()))

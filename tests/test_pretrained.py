@@ -295,6 +295,18 @@ def test_export_checks_the_written_directory_against_the_checkpoint(tmp_path, mo
     assert visible(tmp_path) == ["run"]
 
 
+def test_the_cards_protein_performer_snippet_runs_as_written(exported):
+    ckpt, out = exported("softmax", "mlm")
+    card = (out / "README.md").read_text()
+    snippet = card.split("```python\n")[1].split("```")[0].replace("path/to/this/directory", str(out))
+    scope = {}
+    exec(snippet, scope)  # the top-level load_pretrained, the tokenizer's ids straight into the model
+    ids = torch.as_tensor(TOK.encode("MKTAYIAKQR"), dtype=torch.long)[None]
+    with torch.no_grad():
+        ref = load_checkpoint(str(ckpt)).model
+        assert torch.equal(scope["logits"], ref(ids)) and torch.equal(scope["hidden"], ref.encoder(ids))
+
+
 def test_model_card_reports_recorded_and_measured_figures_only(tmp_path):
     ckpt = make_checkpoint(tmp_path / "run", "relu", "mlm", step=600)
     (tmp_path / "run" / "config.yaml").write_text(
