@@ -14,6 +14,7 @@ flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchanged.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import NamedTuple
 
@@ -45,6 +46,8 @@ COMMANDS = {
                       "write a checkpoint as a Hugging Face-style directory (config.json, model.safetensors)"),
     "score": Command("score", "protein_performer.commands:score",
                      "zero-shot variant effects: score a ProteinGym-style substitution CSV (or a folder of them)"),
+    "finetune": Command("finetune", "protein_performer.commands:finetune",
+                        "fine-tune a supervised head (per protein or per residue) on a checkpoint, with test metrics"),
 }
 
 
@@ -87,7 +90,8 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
                         f"hydra.run.dir={quote(run_dir)}"]  # ${now:...} as composed here, not a second later
             from .run_folder import check_folder_path, open_run_folder
             check_folder_path(run_dir, "hydra.run.dir")  # Hydra creates it for every command
-            if spec.run_folder:
+            if spec.run_folder and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
+                # (the other ranks of a DDP run are launched once rank zero checked and trains)
                 folder = open_run_folder(run_dir, cfg.hydra.job.name, cfg.get("ckpt_path"),
                                          bool(cfg.get("overwrite")))
         except USER_ERRORS as e:

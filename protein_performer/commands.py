@@ -119,3 +119,14 @@ def score(cfg: DictConfig) -> None:
     logging.getLogger("protein_performer").setLevel(logging.INFO)
     kw = OmegaConf.to_container(cfg, resolve=True)
     print(format_summary(score_files(kw.pop("ckpt"), kw.pop("input"), kw.pop("output"), **kw)))
+
+
+def finetune(cfg: DictConfig) -> None:
+    _require(cfg, "ckpt", "labels", "task", "output_dir",
+             example="ckpt=CHECKPOINT labels=labels.csv task=classification output_dir=DIR")
+    from .finetune import finetune as finetune_run, format_metrics
+    logging.getLogger("protein_performer").setLevel(logging.INFO)
+    kw = OmegaConf.to_container(cfg, resolve=True)
+    result = finetune_run(kw.pop("ckpt"), kw.pop("labels"), kw.pop("task"), kw.pop("output_dir"), **kw)
+    print(format_metrics(result))
+    print(f"wrote {cfg.output_dir}: metrics.json, predictions.csv, model.safetensors, finetune.json")

@@ -1,0 +1,510 @@
+"""Fine-tuning: a supervised head on a pretrained encoder (``protein-performer finetune``).
+
+labels (a CSV, or FLIP's per-residue FASTA) -> examples with a train / valid / test split ->
+the checkpoint's :class:`~protein_performer.model.PerformerEncoder` + a head from
+:mod:`protein_performer.heads`, trained by a Lightning Trainer on token-budget batches and
+early-stopped on the validation loss (the best weights kept) -> in ``output_dir``:
+``metrics.json`` and ``predictions.csv`` on the test split, ``model.safetensors`` (encoder +
+head) and ``finetune.json`` (what :func:`load_finetuned` needs to rebuild them).
+
+Every input is read and checked before the model trains, and nothing is written before the
+training ends: a bad file is one line naming file and line, with nothing written.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import UserError
+from .files import WrittenFiles, atomic_path, exclusive_lock, refuse_overlap, write_json, write_text
+from .heads import AttentionPoolingHead, SequenceClassificationHead, TokenClassificationHead, residue_mask
+from .io import _lines, read_fasta
+from .model import ModelConfig, PerformerEncoder
+from .sequences import sequence_id
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+TASKS = ("classification", "regression", "residue")
+SPLITS = ("train", "valid", "test")
+POOLINGS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead}
+METRICS, PREDICTIONS, WEIGHTS, CONFIG = "metrics.json", "predictions.csv", "model.safetensors", "finetune.json"
+JOURNAL = ".finetune-files.json"  # what finetune wrote into output_dir: what a rerun may replace
+MISSING = {"", "na", "n/a", "nan", "null", "none"}
+IGNORE = -100  # per-residue targets at <cls>, <eos> and padding
+
+
+# --- labels -----------------------------------------------------------------------------
+@dataclass
+class Examples:
+    ids: list[str]
+    seqs: list[str]           # residues, cleaned by the tokenizer
+    labels: list              # class name (str), value (float) or one class letter per residue (str)
+    split: list[str | None]   # train | valid | test; None: drawn by assign_splits
+
+
+def read_examples(path: str | Path, task: str, sequences: str | Path | None = None,
+                  tokenizer: Tokenizer = Tokenizer()) -> Examples:
+    """A label CSV (``id``, ``sequence`` or ``seq``, ``label``, optional ``split``) or, for
+    ``task=residue``, FLIP's FASTA of per-residue labels (``>id SET=train VALIDATION=False``).
+    ``sequences``: a FASTA giving each id its residues (FLIP's labels need it; a CSV may use
+    it instead of a sequence column). Any bad row is a one-line error naming file and line."""
+    if task not in TASKS:
+        raise UserError(f"task={task!r}: choose one of {', '.join(TASKS)}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"labels {path}: no such file")
+    by_id = None
+    if sequences is not None:
+        if not Path(sequences).is_file():
+            raise FileNotFoundError(f"sequences {sequences}: no such file")
+        by_id = {r.id: r.sequence for r in read_fasta(sequences)}
+    first = next((line for _, line in _lines(path) if line.strip()), "")
+    ex = Examples([], [], [], [])
+
+    def add(n: int, rid: str, seq: str | None, label: str, split: str | None):
+        where = f"{path}:{n}"
+        if seq is None:
+            if rid not in by_id:
+                raise UserError(f"{where}: protein {rid!r} is not in sequences={sequences}")
+            seq = by_id[rid]
+        seq = tokenizer.clean(seq, source=where, record=rid)
+        if not seq:
+            raise UserError(f"{where}: protein {rid!r} has an empty sequence")
+        label = label.strip()
+        if label.lower() in MISSING:
+            raise UserError(f"{where}: protein {rid!r} has no label ({label!r})")
+        if task == "regression":
+            try:
+                value = float(label)
+            except ValueError:
+                raise UserError(f"{where}: protein {rid!r}: label {label!r} is not a number") from None
+            if not math.isfinite(value):
+                raise UserError(f"{where}: protein {rid!r}: label {label!r} is not a finite number")
+            label = value
+        elif task == "residue":
+            label = "".join(label.split())
+            if len(label) != len(seq):
+                raise UserError(f"{where}: protein {rid!r}: {len(label)} residue labels for {len(seq)} residues")
+        if split is not None and split not in SPLITS:
+            raise UserError(f"{where}: protein {rid!r}: split {split!r}: expected train, valid or test")
+        ex.ids.append(rid), ex.seqs.append(seq), ex.labels.append(label), ex.split.append(split)
+
+    if first.startswith(">"):
+        if task != "residue":
+            raise UserError(f"labels={path}: a FASTA of labels is read as per-residue labels (task=residue), "
+                            f"not task={task}; give a CSV with a label column")
+        if by_id is None:
+            raise UserError(f"labels={path}: per-residue labels in FASTA need sequences=FASTA (the residues by id)")
+        for r in read_fasta(path):
+            tags = dict(t.split("=", 1) for t in r.description.split()[1:] if "=" in t)
+            split = tags.get("SET", "").strip().lower() or None
+            if split == "train" and tags.get("VALIDATION", "").strip().lower() == "true":
+                split = "valid"
+            add(r.line, r.id, None, r.sequence, split)
+    else:
+        _read_csv(path, add, by_id is not None)
+    if not ex.ids:
+        raise UserError(f"labels {path}: no labeled rows")
+    if any(s is None for s in ex.split) and not all(s is None for s in ex.split):
+        n = next(i for i, s in enumerate(ex.split) if s is None)
+        raise UserError(f"labels {path}: protein {ex.ids[n]!r} has no split while others have one")
+    return ex
+
+
+def _read_csv(path: Path, add, have_sequences: bool) -> None:
+    delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
+    reader = csv.reader((line for _, line in _lines(path)), delimiter=delim, strict=True)
+    try:
+        header = [h.strip().lower() for h in next(reader, [])]
+        col = {name: header.index(name) for name in ("id", "seq", "sequence", "label", "split") if name in header}
+        seq = col.get("sequence", col.get("seq"))
+        if "label" not in col:
+            raise UserError(f"{path}:1: no 'label' column (header: {', '.join(header)})")
+        if seq is None and not (have_sequences and "id" in col):
+            raise UserError(f"{path}:1: no 'sequence' column (header: {', '.join(header)}); "
+                            f"or give an 'id' column and sequences=FASTA")
+        for row in reader:
+            if not any(c.strip() for c in row):
+                continue
+            n = reader.line_num
+            if len(row) != len(header):
+                raise UserError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
+            s = row[seq] if seq is not None else None
+            rid = row[col["id"]].strip() if "id" in col else sequence_id(s)
+            split = row[col["split"]].strip().lower() if "split" in col else None
+            add(n, rid, s, row[col["label"]], split)
+    except csv.Error as e:
+        raise UserError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
+
+
+def assign_splits(ex: Examples, valid_fraction: float, test_fraction: float, seed: int, source: str) -> np.ndarray:
+    """The split of every example: as the file says; valid rows, when the file has none, a
+    seeded ``valid_fraction`` of train; without a split column, a seeded three-way draw."""
+    n = len(ex.ids)
+    rng = np.random.default_rng(seed)
+    split = np.array([s or "train" for s in ex.split], dtype=object)
+    if ex.split[0] is None:
+        order = rng.permutation(n)
+        n_test = int(round(test_fraction * n))
+        split[order[:n_test]] = "test"
+    if not (split == "valid").any():
+        train = np.flatnonzero(split == "train")
+        split[rng.permutation(train)[: max(1, int(round(valid_fraction * len(train))))]] = "valid"
+    for s in SPLITS:
+        if not (split == s).any():
+            raise UserError(f"labels {source}: no {s} proteins ({n} in all; the split column, "
+                            f"test_labels or valid_fraction / test_fraction decide them)")
+    return split
+
+
+# --- the model --------------------------------------------------------------------------
+class FineTuneNet(nn.Module):
+    """An encoder and a task head: (B, L) tokens -> (B, outputs), or (B, L, outputs) per residue."""
+
+    def __init__(self, encoder: PerformerEncoder, task: str, num_outputs: int, pooling: str = "mean",
+                 dropout: float = 0.1):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise UserError(f"pooling={pooling!r}: choose one of {', '.join(POOLINGS)}")
+        self.task, self.encoder = task, encoder
+        dim = encoder.config.dim
+        self.head = (TokenClassificationHead if task == "residue" else POOLINGS[pooling])(dim, num_outputs, dropout)
+        self.frozen: list[nn.Module] = []
+        for m in encoder.modules():  # the projections it was trained with: the head learns on those
+            if hasattr(m, "redraw_interval"):
+                m.redraw_interval = 0
+
+    def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(tokens, padding_mask)
+        return self.head(h) if self.task == "residue" else self.head(h, residue_mask(tokens))
+
+    def freeze(self, how) -> None:
+        """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no
+        gradient and stay in eval mode (no dropout), so their weights stay bit-identical."""
+        enc = self.encoder
+        if str(how).lower() == "all":
+            parts = [enc]
+        elif str(how).lower() == "none":
+            parts = []
+        elif isinstance(how, int) and not isinstance(how, bool) and 0 <= how <= enc.depth:
+            parts = [enc.embed, enc.pos_embed, *enc.blocks[:how]] if how else []
+        else:
+            raise UserError(f"freeze={how!r}: all, none, or a number of layers from 0 to {enc.depth}")
+        self.frozen = [m for m in parts if m is not None]
+        for m in self.frozen:
+            m.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for m in self.frozen:
+            m.eval()
+        return self
+
+    def checkpoint_blocks(self) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them:
+        memory for one block's activations, not ``depth`` of them (long proteins fit)."""
+        from functools import partial
+
+        from torch.utils.checkpoint import checkpoint
+
+        def run(forward, x, mask):
+            return checkpoint(forward, x, mask, use_reentrant=False) if torch.is_grad_enabled() else forward(x, mask)
+        for block in self.encoder.blocks:
+            block.forward = partial(run, block.forward)
+
+
+def _state(net: nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors only: the attention layers' ``_extra_state`` (redraw counters) is not a weight."""
+    return {k: v for k, v in net.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+def load_finetuned(output_dir: str | Path, device: str = "cpu") -> tuple[FineTuneNet, dict]:
+    """A finetune output folder -> (the fine-tuned network in eval mode, its finetune.json)."""
+    import json
+
+    from safetensors.torch import load_file
+    d = Path(output_dir)
+    meta = json.loads((d / CONFIG).read_text())
+    net = FineTuneNet(PerformerEncoder(ModelConfig.from_dict(meta["model"])), meta["task"],
+                      meta["num_outputs"], meta["pooling"], meta["dropout"])
+    missing, unexpected = net.load_state_dict(load_file(str(d / WEIGHTS)), strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise UserError(f"{d / WEIGHTS}: tensors do not match {CONFIG} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return net.to(device).eval(), meta
+
+
+# --- batches ----------------------------------------------------------------------------
+class Encoded(torch.utils.data.Dataset):
+    def __init__(self, tokens: list[np.ndarray], targets: list):
+        self.tokens, self.targets = tokens, targets
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        return self.tokens[i], self.targets[i]
+
+
+def collate(items, pad_id: int = Tokenizer().pad_id) -> dict:
+    from .inference import pad_batch
+    tokens, padding = pad_batch([t for t, _ in items], pad_id)
+    targets = [y for _, y in items]
+    if isinstance(targets[0], np.ndarray):  # per residue: aligned with the tokens after <cls>
+        y = torch.full(tokens.shape, IGNORE, dtype=torch.long)
+        for i, t in enumerate(targets):
+            y[i, 1:1 + len(t)] = torch.as_tensor(t)
+    else:
+        y = torch.tensor(targets, dtype=torch.float32 if isinstance(targets[0], float) else torch.long)
+    return {"tokens": tokens, "padding_mask": padding, "targets": y}
+
+
+def _loader(data: Encoded, max_tokens: int, train: bool = False, seed: int = 0):
+    from .data.sampler import TokenBudgetBatchSampler, token_budget_batches
+    lengths = [len(t) for t in data.tokens]
+    batches = (TokenBudgetBatchSampler(np.array(lengths), max_tokens, shuffle=True, seed=seed) if train
+               else token_budget_batches(lengths, max_tokens))
+    return torch.utils.data.DataLoader(data, batch_sampler=batches, collate_fn=collate)
+
+
+# --- training ---------------------------------------------------------------------------
+def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay: float, scale: tuple[float, float]):
+    import pytorch_lightning as pl
+
+    class FineTuner(pl.LightningModule):
+        """Loss, optimizer and the best validation weights (kept in memory, put back at the end)."""
+
+        def __init__(self):
+            super().__init__()
+            self.net, self.best, self.best_loss, self._val = net, None, math.inf, [0.0, 0]
+
+        def loss(self, batch) -> tuple[torch.Tensor, int]:
+            out, y = self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"]
+            if net.task == "regression":
+                return F.mse_loss(out.squeeze(-1), (y - scale[0]) / scale[1]), len(y)
+            if net.task == "residue":
+                return F.cross_entropy(out.flatten(0, 1), y.flatten(), ignore_index=IGNORE), int((y != IGNORE).sum())
+            return F.cross_entropy(out, y), len(y)
+
+        def training_step(self, batch, batch_idx):
+            loss, n = self.loss(batch)
+            self.log("train/loss", loss, batch_size=n, prog_bar=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            loss, n = self.loss(batch)
+            self._val[0] += float(loss) * n
+            self._val[1] += n
+
+        def on_validation_epoch_end(self):
+            loss, self._val = self._val[0] / max(self._val[1], 1), [0.0, 0]
+            self.log("val/loss", loss, prog_bar=True)
+            if not self.trainer.sanity_checking and loss < self.best_loss:
+                self.best_loss = loss
+                self.best = {k: v.detach().clone() for k, v in _state(self.net).items()}
+
+        def configure_optimizers(self):
+            enc = [p for p in self.net.encoder.parameters() if p.requires_grad]
+            groups = [{"params": list(self.net.head.parameters()), "lr": head_lr}] + (
+                [{"params": enc, "lr": lr}] if enc else [])
+            return torch.optim.AdamW(groups, weight_decay=weight_decay)
+
+    return FineTuner()
+
+
+def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels=None, pooling: str = "mean",
+             freeze="none", dropout: float = 0.1, lr: float = 1e-4, head_lr: float = 1e-3,
+             weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
+             test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
+             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None) -> dict:
+    """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics."""
+    import pytorch_lightning as pl
+
+    from .inference import load_model
+    out = Path(output_dir)
+    refuse_overlap({"output_dir": out}, {"ckpt": ckpt, "labels": labels, "sequences": sequences,
+                                         "test_labels": test_labels})
+    for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
+        if not 0 <= v < 1:
+            raise UserError(f"{key}={v}: a fraction in [0, 1)")
+    if int(max_tokens) < 1:
+        raise UserError(f"max_tokens={max_tokens}: must be positive")
+    tok = Tokenizer(unknown=unknown, unknown_key="unknown")
+    ex = read_examples(labels, task, sequences, tok)
+    if test_labels is not None:
+        more = read_examples(test_labels, task, sequences, tok)
+        if ex.split[0] is None:  # the test proteins are given: labels holds train (and valid)
+            ex.split = ["train"] * len(ex.split)
+        ex = Examples(ex.ids + more.ids, ex.seqs + more.seqs, ex.labels + more.labels,
+                      ex.split + ["test"] * len(more.ids))
+    split = assign_splits(ex, valid_fraction, test_fraction, seed, str(labels))
+    classes = (sorted({c for lab in ex.labels for c in lab}) if task == "residue"
+               else sorted(set(ex.labels)) if task == "classification" else [])
+    if task != "regression" and len(classes) < 2:
+        raise UserError(f"labels {labels}: one class only ({classes[0]!r}); nothing to learn")
+    train_y = np.array([y for y, s in zip(ex.labels, split) if s == "train"] if task == "regression" else [])
+    scale = (float(train_y.mean()), float(train_y.std()) or 1.0) if task == "regression" else (0.0, 1.0)
+    _check_output(out, overwrite)
+
+    loaded = load_model(ckpt)
+    encoder = loaded.net.encoder
+    longest = max(len(s) for s in ex.seqs) + 2
+    if encoder.pos_embed is not None and longest > encoder.max_positions:
+        raise UserError(f"labels {labels}: a protein of {longest - 2} residues is longer than the model's learned "
+                        f"positions (model.max_positions={encoder.max_positions})")
+    torch.manual_seed(seed)
+    net = FineTuneNet(encoder, task, 1 if task == "regression" else len(classes), pooling, dropout)
+    net.freeze(freeze)
+    if gradient_checkpointing:
+        net.checkpoint_blocks()
+
+    index = {c: i for i, c in enumerate(classes)}
+    tokens = [tok.encode(s) for s in ex.seqs]
+    targets = [float(y) if task == "regression" else
+               np.array([index[c] for c in y]) if task == "residue" else index[y] for y in ex.labels]
+    part = {s: np.flatnonzero(split == s) for s in SPLITS}
+    data = {s: Encoded([tokens[i] for i in idx], [targets[i] for i in idx]) for s, idx in part.items()}
+
+    with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}"):
+        module = _lightning_module(net, lr, head_lr, weight_decay, scale)
+        settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
+                    "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
+                    **(trainer or {})}
+        settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min")]
+        import tempfile
+        with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
+            pl.seed_everything(seed, verbose=False)
+            fit = pl.Trainer(default_root_dir=root, **settings)
+            start = time.perf_counter()
+            fit.fit(module, _loader(data["train"], max_tokens, train=True, seed=seed),
+                    _loader(data["valid"], max_tokens))
+            seconds = time.perf_counter() - start
+        if module.best is not None:
+            net.load_state_dict(module.best, strict=False)
+        net = net.cpu().eval()
+        predictions, scores = predict(net, data["test"], max_tokens, classes, scale)
+
+        test_labels_ = [ex.labels[i] for i in part["test"]]
+        result = metrics(task, classes, test_labels_, predictions, scores)
+        result["baseline"] = baseline(task, [ex.labels[i] for i in part["train"]], test_labels_)
+        result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
+                      epochs=int(fit.current_epoch), best_val_loss=module.best_loss, train_seconds=round(seconds, 2))
+        meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features, "pooling": pooling,
+                "dropout": dropout, "freeze": freeze, "target_scale": list(scale), "model": encoder.config.to_dict(),
+                "source": str(ckpt)}
+        _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_, predictions, scores)
+    return result
+
+
+@torch.no_grad()
+def predict(net: FineTuneNet, data: Encoded, max_tokens: int, classes: list[str], scale: tuple[float, float]):
+    """Test-split predictions in file order: class names, values, or a class letter per residue;
+    and the positive-class probability for a binary task (else None)."""
+    preds, scores = [None] * len(data), [None] * len(data)
+    from .data.sampler import token_budget_batches
+    for batch in token_budget_batches([len(t) for t in data.tokens], max_tokens):
+        b = collate([data[i] for i in batch])
+        out = net(b["tokens"], b["padding_mask"]).float()
+        for row, i in enumerate(batch):
+            if net.task == "regression":
+                preds[i] = float(out[row, 0]) * scale[1] + scale[0]
+            elif net.task == "residue":
+                preds[i] = "".join(classes[k] for k in out[row, 1:1 + len(data.targets[i])].argmax(-1).tolist())
+            else:
+                preds[i] = classes[int(out[row].argmax())]
+                if len(classes) == 2:
+                    scores[i] = float(torch.softmax(out[row], -1)[1])
+    return preds, (scores if net.task == "classification" and len(classes) == 2 else None)
+
+
+# --- metrics ----------------------------------------------------------------------------
+def metrics(task: str, classes: list[str], labels: list, predictions: list, scores: list | None = None) -> dict:
+    """Test-split metrics: accuracy, MCC and AUROC (binary; the positive class is the second
+    in sorted order) or macro-F1 (multi-class); Spearman (regression); per-residue accuracy,
+    Q3 when there are three classes (over all test residues together)."""
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, roc_auc_score
+    if task == "regression":
+        y, p = np.asarray(labels, dtype=float), np.asarray(predictions, dtype=float)
+        return {"spearman": float(spearmanr(y, p).statistic), "pearson": float(pearsonr(y, p).statistic),
+                "rmse": float(np.sqrt(np.mean((y - p) ** 2))), "n": len(y)}
+    if task == "residue":
+        right = sum(a == b for y, p in zip(labels, predictions) for a, b in zip(y, p))
+        total = sum(len(y) for y in labels)
+        key = "q3" if len(classes) == 3 else "residue_accuracy"
+        return {key: right / total, "residues": total, "n": len(labels)}
+    r = {"accuracy": float(accuracy_score(labels, predictions)), "mcc": float(matthews_corrcoef(labels, predictions))}
+    if len(classes) == 2:
+        positive = np.array([y == classes[1] for y in labels])
+        r["auroc"] = float(roc_auc_score(positive, scores)) if 0 < positive.sum() < len(positive) else None
+    else:
+        r["macro_f1"] = float(f1_score(labels, predictions, average="macro"))
+    return {**r, "n": len(labels)}
+
+
+def baseline(task: str, train: list, test: list) -> dict:
+    """A constant predictor fitted on train: the most frequent class (residue), or the mean."""
+    if task == "regression":
+        return {"rmse": float(np.sqrt(np.mean((np.asarray(test) - np.mean(train)) ** 2)))}
+    from collections import Counter
+    if task == "residue":
+        top = Counter(c for y in train for c in y).most_common(1)[0][0]
+        return {"residue_accuracy": sum(c == top for y in test for c in y) / sum(len(y) for y in test)}
+    top = Counter(train).most_common(1)[0][0]
+    return {"accuracy": sum(y == top for y in test) / len(test)}
+
+
+def format_metrics(result: dict) -> str:
+    keys = [k for k in ("accuracy", "mcc", "auroc", "macro_f1", "spearman", "pearson", "rmse", "q3",
+                        "residue_accuracy") if result.get(k) is not None]
+    main = ", ".join(f"{k} {result[k]:.4f}" for k in keys)
+    base = ", ".join(f"{k} {v:.4f}" for k, v in result["baseline"].items())
+    return (f"test ({result['n']} proteins): {main}; constant predictor: {base}\n"
+            f"{result['steps']} steps, {result['epochs']} epochs, {result['train_seconds']:.1f} s")
+
+
+# --- outputs ----------------------------------------------------------------------------
+def _check_output(out: Path, overwrite: bool) -> None:
+    """Before any work: ``output_dir`` is new, empty, or (with overwrite) an earlier finetune
+    output holding only what finetune wrote."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output_dir {out}: exists and is not a directory")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / JOURNAL).is_file():
+        raise UserError(f"output_dir {out}: holds files finetune did not write; choose a new or empty folder")
+    written = WrittenFiles(out / JOURNAL)
+    other = sorted(p.name for p in out.iterdir() if p.name != JOURNAL and p not in written)
+    if other:
+        raise UserError(f"output_dir {out}: holds {', '.join(other[:3])}, not written by finetune; "
+                        f"move it away or choose another folder")
+    if not overwrite:
+        raise UserError(f"output_dir {out}: holds an earlier finetune output; overwrite=true replaces it")
+
+
+def _write_outputs(out: Path, net: FineTuneNet, meta: dict, result: dict, ids, labels, predictions, scores) -> None:
+    from safetensors.torch import save_file
+    out.mkdir(parents=True, exist_ok=True)
+    written = WrittenFiles(out / JOURNAL)
+    written.record(*(out / name for name in (WEIGHTS, CONFIG, PREDICTIONS, METRICS)))
+    with atomic_path(out / WEIGHTS) as tmp:
+        save_file({k: v.contiguous() for k, v in _state(net).items()}, str(tmp), metadata={"format": "pt"})
+    write_json(out / CONFIG, meta, indent=2)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["id", "label", "prediction", *(["score"] if scores is not None else [])])
+    for k, rid in enumerate(ids):
+        w.writerow([rid, labels[k], predictions[k], *([scores[k]] if scores is not None else [])])
+    write_text(out / PREDICTIONS, buf.getvalue())
+    write_json(out / METRICS, result, indent=2)  # last: a folder with metrics.json is whole

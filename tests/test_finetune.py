@@ -1,0 +1,249 @@
+"""Fine-tuning: learnable synthetic tasks beat a constant predictor on the test split; the
+metrics equal scikit-learn / scipy recomputed from predictions.csv; Q3 by hand; freeze=all
+leaves the encoder bit-identical and the saved weights reproduce the predictions; bad input
+is one line naming file and line, exit 2, nothing written; output_dir holds only its files."""
+import csv
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from scipy.stats import spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, roc_auc_score
+
+from protein_performer import finetune as FT
+from protein_performer.tasks import ProteinLM
+from protein_performer.tokenizer import Tokenizer
+
+from conftest import ROOT, TINY_MODEL, save_checkpoint
+
+AA = "ACDEFGHIKLMNPQRSTVWY"
+FAST = ["trainer.max_epochs=30", "trainer.max_steps=40", "head_lr=1e-2", "lr=3e-3", "dropout=0.0",
+        "max_tokens=1200", "patience=30"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    task = ProteinLM(model=TINY_MODEL, objective="mlm").eval()
+    return task, save_checkpoint(task, tmp_path_factory.mktemp("ft") / "mlm.ckpt")
+
+
+def protein(rng, enriched=None, share=0.0):
+    """A random protein of 20-40 residues; ``share`` of them (on average) ``enriched``."""
+    return "".join(enriched if enriched and rng.random() < share else rng.choice(AA)
+                   for _ in range(rng.randint(20, 40)))
+
+
+def write_csv(path, rows, header=("id", "sequence", "label", "split")):
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def run_finetune(capsys, *overrides):
+    """``protein-performer finetune`` with ``overrides``: (exit status, stdout, stderr)."""
+    from hydra import compose, initialize_config_dir
+
+    from protein_performer.commands import finetune
+    from protein_performer.errors import cli
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("finetune", overrides=list(overrides))
+    capsys.readouterr()
+    try:
+        cli(finetune)(cfg)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def predictions(out):
+    with open(out / "predictions.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+# --- per protein ---------------------------------------------------------------------------
+@pytest.mark.parametrize("classes", [("many_K", "few_K"), ("D", "K", "W")])
+def test_classification_learns_and_metrics_equal_sklearn(classes, ckpt, tmp_path, capsys):
+    rng = random.Random(1)
+    rows = []
+    for k in range(240):
+        label = classes[k % len(classes)]
+        enriched = ("K" if label == "many_K" else None) if len(classes) == 2 else label
+        split = "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"
+        rows.append([f"p{k}", protein(rng, enriched, 0.35), label, split])
+    labels = write_csv(tmp_path / "labels.csv", rows)
+    out = tmp_path / "out"
+    code, stdout, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                     f"output_dir={out}", *FAST)
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    p = predictions(out)
+    assert [r["id"] for r in p] == [r[0] for r in rows if r[3] == "test"]
+    assert [r["label"] for r in p] == [r[2] for r in rows if r[3] == "test"]
+    y, yhat = [r["label"] for r in p], [r["prediction"] for r in p]
+    assert m["accuracy"] == pytest.approx(accuracy_score(y, yhat), abs=1e-12)
+    assert m["mcc"] == pytest.approx(matthews_corrcoef(y, yhat), abs=1e-12)
+    if len(classes) == 2:  # positive class: the second in sorted order
+        positive = sorted(classes)[1]
+        assert m["auroc"] == pytest.approx(roc_auc_score([v == positive for v in y],
+                                                         [float(r["score"]) for r in p]), abs=1e-12)
+        assert "macro_f1" not in m
+    else:
+        assert m["macro_f1"] == pytest.approx(f1_score(y, yhat, average="macro"), abs=1e-12)
+        assert "auroc" not in m and "score" not in p[0]
+    constant = max(y.count(c) for c in classes) / len(y)  # the best constant on the test split itself
+    assert m["accuracy"] > constant + 0.25, (m, constant)
+    assert m["proteins"] == {"train": 144, "valid": 48, "test": 48}
+    assert "test (48 proteins): accuracy" in stdout
+
+
+def test_regression_with_a_drawn_split_beats_the_mean(ckpt, tmp_path, capsys):
+    rng = random.Random(2)
+    rows = []
+    for k in range(240):
+        seq = protein(rng, "A", rng.random() * 0.6)
+        rows.append([seq, f"{seq.count('A') / len(seq):.6f}"])
+    labels = write_csv(tmp_path / "labels.csv", rows, header=("seq", "label"))  # no id, no split
+    out = tmp_path / "out"
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=regression",
+                                f"output_dir={out}", "pooling=attention", *FAST)
+    assert code == 0, err
+    m, p = json.loads((out / "metrics.json").read_text()), predictions(out)
+    assert m["proteins"] == {"train": 173, "valid": 19, "test": 48}
+    y, yhat = np.array([float(r["label"]) for r in p]), np.array([float(r["prediction"]) for r in p])
+    assert m["spearman"] == pytest.approx(spearmanr(y, yhat).statistic, abs=1e-12)
+    assert m["rmse"] == pytest.approx(np.sqrt(np.mean((y - yhat) ** 2)), abs=1e-12)
+    assert m["spearman"] > 0.6
+    assert m["rmse"] < 0.7 * y.std()  # y.std(): the best constant on the test split itself
+
+
+# --- per residue ---------------------------------------------------------------------------
+def test_q3_by_hand():
+    m = FT.metrics("residue", ["C", "E", "H"], ["HHC", "EC"], ["HCC", "EE"])
+    assert m["q3"] == pytest.approx(3 / 5) and m["residues"] == 5
+
+
+HELIX, STRAND = set("AELMQKRH"), set("VIYFWT")
+
+
+def ss3(seq):
+    return "".join("H" if c in HELIX else "E" if c in STRAND else "C" for c in seq)
+
+
+def write_flip(tmp_path, n, seed=3):
+    """FLIP's two FASTA files: labels (``>id SET=... VALIDATION=...``) and sequences."""
+    rng = random.Random(seed)
+    seqs = {f"s{k}": protein(rng) for k in range(n)}
+    heads = {i: "SET=test VALIDATION=False" if k % 4 == 0 else f"SET=train VALIDATION={k % 4 == 1}"
+             for k, i in enumerate(seqs)}
+    (tmp_path / "labels.fasta").write_text("".join(f">{i} {heads[i]}\n{ss3(s)}\n" for i, s in seqs.items()))
+    (tmp_path / "seqs.fasta").write_text("".join(f">{i}\n{s}\n" for i, s in seqs.items()))
+    return tmp_path / "labels.fasta", tmp_path / "seqs.fasta", seqs
+
+
+def test_residue_labels_from_flip_fasta_q3_from_predictions(ckpt, tmp_path, capsys):
+    labels, seqs_file, seqs = write_flip(tmp_path, 120)
+    out = tmp_path / "out"
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", f"sequences={seqs_file}",
+                                "task=residue", f"output_dir={out}", *FAST)
+    assert code == 0, err
+    m, p = json.loads((out / "metrics.json").read_text()), predictions(out)
+    assert m["proteins"] == {"train": 60, "valid": 30, "test": 30}
+    assert all(r["label"] == ss3(seqs[r["id"]]) and len(r["prediction"]) == len(r["label"]) for r in p)
+    right = sum(a == b for r in p for a, b in zip(r["label"], r["prediction"]))
+    total = sum(len(r["label"]) for r in p)
+    assert m["q3"] == pytest.approx(right / total, abs=1e-12) and m["residues"] == total
+    constant = max("".join(r["label"] for r in p).count(c) for c in "CEH") / total
+    assert m["q3"] > constant + 0.3, (m, constant)
+
+
+# --- freezing, the saved weights --------------------------------------------------------
+def test_freeze_all_leaves_the_encoder_bit_identical_and_the_weights_reproduce_predictions(ckpt, tmp_path, capsys):
+    task, path = ckpt
+    rng = random.Random(4)
+    rows = [[f"p{k}", protein(rng, "K" if k % 2 else None, 0.35), "yes" if k % 2 else "no"] for k in range(60)]
+    labels = write_csv(tmp_path / "labels.csv", rows, header=("id", "sequence", "label"))
+    out = tmp_path / "out"
+    code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", "freeze=all", "gradient_checkpointing=true",
+                                "pooling=attention", "trainer.max_steps=6", "max_tokens=600", "head_lr=1e-2")
+    assert code == 0, err
+    saved = load_file(str(out / "model.safetensors"))
+    before = {k: v for k, v in task.model.encoder.state_dict().items() if isinstance(v, torch.Tensor)}
+    assert {k.removeprefix("encoder.") for k in saved if k.startswith("encoder.")} == set(before)
+    for k, v in before.items():
+        assert torch.equal(saved["encoder." + k], v), k
+    net, meta = FT.load_finetuned(out)
+    head0 = FT.FineTuneNet(task.model.encoder, "classification", 2, "attention", 0.0)
+    assert not torch.equal(net.head.out.weight, head0.head.out.weight)  # the head did train
+    p = predictions(out)
+    tok = Tokenizer()
+    seq = {r[0]: r[1] for r in rows}
+    with torch.no_grad():
+        for r in p:
+            probs = torch.softmax(net(torch.tensor(tok.encode(seq[r["id"]]))[None])[0], -1)
+            assert meta["classes"][int(probs.argmax())] == r["prediction"]
+            assert float(probs[1]) == pytest.approx(float(r["score"]), abs=1e-5)
+    # a rerun: refused without overwrite, allowed with it; a file of someone else's: refused
+    code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", "trainer.max_steps=1")
+    assert code == 2 and "holds an earlier finetune output; overwrite=true replaces it" in err
+    code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", "trainer.max_steps=1", "overwrite=true")
+    assert code == 0, err
+    (out / "notes.txt").write_text("mine")
+    code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", "trainer.max_steps=1", "overwrite=true")
+    assert code == 2 and err == (f"error: output_dir {out}: holds notes.txt, not written by finetune; "
+                                 f"move it away or choose another folder\n")
+
+
+# --- bad input ---------------------------------------------------------------------------
+BAD = {  # name: (task, header, rows, message after "FILE:LINE: ")
+    "no label column": ("classification", ("id", "sequence", "class"), [["a", "MKV", "x"]],
+                        "1: no 'label' column (header: id, sequence, class)"),
+    "unknown split": ("classification", ("id", "sequence", "label", "split"),
+                      [["a", "MKV", "x", "train"], ["b", "MKW", "y", "holdout"]],
+                      "3: protein 'b': split 'holdout': expected train, valid or test"),
+    "label NaN": ("regression", ("id", "sequence", "label"), [["a", "MKV", "0.5"], ["b", "MKW", "nan"]],
+                  "3: protein 'b' has no label ('nan')"),
+    "label not a number": ("regression", ("id", "sequence", "label"), [["a", "MKV", "high"]],
+                           "2: protein 'a': label 'high' is not a number"),
+    "residue length": ("residue", ("id", "sequence", "label"), [["a", "MKV", "HHC"], ["b", "MKVL", "HHC"]],
+                       "3: protein 'b': 3 residue labels for 4 residues"),
+    "bad residue": ("classification", ("id", "sequence", "label"), [["a", "MK1V", "x"]],
+                    "2: record 'a': invalid residue '1' at position 3"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_labels_are_one_line_exit_2_and_write_nothing(name, ckpt, tmp_path, capsys):
+    task, header, rows, message = BAD[name]
+    labels = write_csv(tmp_path / "labels.csv", rows, header=header)
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", f"task={task}",
+                                f"output_dir={tmp_path / 'out'}")
+    assert code == 2 and err.startswith(f"error: {labels}:{message}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
+
+
+def test_flip_length_mismatch_and_the_script_entry_point(ckpt, tmp_path):
+    labels, seqs_file, seqs = write_flip(tmp_path, 4)
+    text = labels.read_text().splitlines()
+    text[5] = text[5][:-1]  # the third record's labels, one short
+    labels.write_text("\n".join(text) + "\n")
+    cmd = [sys.executable, str(ROOT / "scripts" / "finetune.py"), f"ckpt={ckpt[1]}", f"labels={labels}",
+           f"sequences={seqs_file}", "task=residue", f"output_dir={tmp_path / 'out'}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    n = len(seqs["s2"])
+    assert r.returncode == 2 and r.stderr == (f"error: {labels}:5: protein 's2': {n - 1} residue labels "
+                                              f"for {n} residues\n"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.fasta", "seqs.fasta"]
