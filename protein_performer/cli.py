@@ -14,7 +14,6 @@ flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchanged.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import NamedTuple
 
@@ -90,8 +89,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
                         f"hydra.run.dir={quote(run_dir)}"]  # ${now:...} as composed here, not a second later
             from .run_folder import check_folder_path, open_run_folder
             check_folder_path(run_dir, "hydra.run.dir")  # Hydra creates it for every command
-            if spec.run_folder and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
-                # (the other ranks of a DDP run are launched once rank zero checked and trains)
+            if spec.run_folder:
                 folder = open_run_folder(run_dir, cfg.hydra.job.name, cfg.get("ckpt_path"),
                                          bool(cfg.get("overwrite")))
         except USER_ERRORS as e:
