@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .data.sampler import token_budget_batches
+from .device import resolve_device
 from .errors import UserError
 from .files import WrittenFiles, atomic_path, exclusive_lock, file_sha256, remove_path
 from .inference import (LoadedModel, is_csv, load_model, pad_batch, read_sequences, sequence_id, skipped_text,
@@ -102,7 +103,7 @@ def _show(v) -> str:
 
 
 def check_settings(*, layers, pooling, per_residue, max_tokens, precision, unknown, on_invalid, long_alone,
-                   sort_records, overwrite, progress, format) -> None:
+                   sort_records, overwrite, progress, format, device="cpu") -> None:
     """Every setting of :func:`embed_file` checked before anything is loaded or written: one
     line naming the key (the layer range is checked once the model's depth is known)."""
     resolve_layers(layers, None)
@@ -120,6 +121,10 @@ def check_settings(*, layers, pooling, per_residue, max_tokens, precision, unkno
         raise UserError(f"on_invalid={_show(on_invalid)}: expected error or skip")
     if format not in (None, "fasta", "uniprot", "csv", "tsv"):
         raise UserError(f"format={_show(format)}: expected fasta, uniprot, csv, tsv or null (detected)")
+    try:
+        resolve_device(device)
+    except RuntimeError:
+        raise UserError(f"device={_show(device)}: expected auto, cpu, cuda or cuda:N") from None
 
 
 def _dtype(precision: str | int) -> torch.dtype:
@@ -472,11 +477,12 @@ class H5Output:
 
 
 def check_output_path(path: Path):
-    """Refuse an output that is a directory or an existing file that is not HDF5."""
+    """Refuse an output that is a directory or an existing file that embed did not write."""
     if path.is_dir():
         raise UserError(f"output {path}: is a directory; give a file name such as {path / 'embeddings.h5'}")
-    if path.exists():
-        read_h5_identity(path)
+    if path.exists() and "checkpoint_sha256" not in read_h5_identity(path):  # a user's own HDF5 file
+        raise UserError(f"output {path}: an HDF5 file that embed did not write (no embed attributes); "
+                        f"refusing to replace it, overwrite or not: choose another output path")
 
 
 def read_h5_identity(path: Path) -> dict:
@@ -644,7 +650,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     """
     check_settings(layers=layers, pooling=pooling, per_residue=per_residue, max_tokens=max_tokens,
                    precision=precision, unknown=unknown, on_invalid=on_invalid, long_alone=long_alone,
-                   sort_records=sort_records, overwrite=overwrite, progress=progress, format=format)
+                   sort_records=sort_records, overwrite=overwrite, progress=progress, format=format, device=device)
     if output is None and pt_dir is None:
         raise UserError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
     check_output_paths(output, pt_dir, input, ckpt)

@@ -285,6 +285,8 @@ def test_every_setting_id_and_path_is_checked_before_work(ckpt, tmp_path, capsys
     long_id = write_fasta(tmp_path / "long.fasta", [("a", "MKV"), ("x" * 300, "MKTAY")])
     (tmp_path / "empty_id.csv").write_text("id,seq\nA,MKTAYIAK\n ,MKVLA\n")
     (tmp_path / "notes.txt").write_text("keep\n")
+    with h5py.File(tmp_path / "user.h5", "w") as f:
+        f["mean"] = np.ones((2, 3))
     exported = export(ckpt, tmp_path / "exported")
     before = checksums(tmp_path)
     listing = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
@@ -307,6 +309,9 @@ def test_every_setting_id_and_path_is_checked_before_work(ckpt, tmp_path, capsys
         (["format=xml"], r"format=\"xml\": expected fasta, uniprot, csv, tsv or null"),
         (["on_invalid=ignore"], r"on_invalid=\"ignore\": expected error or skip"),
         (["unknown=Q"], r"unknown must be 'error', 'X' or 'unk', got 'Q'"),
+        (["device=gpu"], r"device=\"gpu\": expected auto, cpu, cuda or cuda:N"),
+        ([f"output={tmp_path / 'user.h5'}", "overwrite=true"],
+         r"output .*user\.h5: an HDF5 file that embed did not write \(no embed attributes\); refusing to replace it"),
         ([f"input={long_id}", f"pt_dir={tmp_path / 'pt'}"],
          r"long\.fasta:3: record 'x{40}\.\.\.': its id makes a 303-byte file name in pt_dir, over the 255-byte"),
         ([f"input={tmp_path / 'empty_id.csv'}", "per_residue=true"],
