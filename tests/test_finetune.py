@@ -78,6 +78,8 @@ def test_classification_learns_and_metrics_equal_sklearn(classes, ckpt, tmp_path
     for k in range(240):
         label = classes[k % len(classes)]
         enriched = ("K" if label == "many_K" else None) if len(classes) == 2 else label
+        if rng.random() < 0.15:  # label noise: imperfect predictions, so the metrics say something
+            label = rng.choice(classes)
         split = "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"
         rows.append([f"p{k}", protein(rng, enriched, 0.35), label, split])
     labels = write_csv(tmp_path / "labels.csv", rows)
@@ -101,7 +103,7 @@ def test_classification_learns_and_metrics_equal_sklearn(classes, ckpt, tmp_path
         assert m["macro_f1"] == pytest.approx(f1_score(y, yhat, average="macro"), abs=1e-12)
         assert "auroc" not in m and "score" not in p[0]
     constant = max(y.count(c) for c in classes) / len(y)  # the best constant on the test split itself
-    assert m["accuracy"] > constant + 0.25, (m, constant)
+    assert constant + 0.25 < m["accuracy"] < 1, (m, constant)
     assert m["proteins"] == {"train": 144, "valid": 48, "test": 48}
     assert "test (48 proteins): accuracy" in stdout
 
@@ -111,7 +113,7 @@ def test_regression_with_a_drawn_split_beats_the_mean(ckpt, tmp_path, capsys):
     rows = []
     for k in range(240):
         seq = protein(rng, "A", rng.random() * 0.6)
-        rows.append([seq, f"{seq.count('A') / len(seq):.6f}"])
+        rows.append([seq, f"{seq.count('A') / len(seq) + rng.gauss(0, 0.05):.6f}"])
     labels = write_csv(tmp_path / "labels.csv", rows, header=("seq", "label"))  # no id, no split
     out = tmp_path / "out"
     code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=regression",
@@ -123,7 +125,7 @@ def test_regression_with_a_drawn_split_beats_the_mean(ckpt, tmp_path, capsys):
     assert m["spearman"] == pytest.approx(spearmanr(y, yhat).statistic, abs=1e-12)
     assert m["rmse"] == pytest.approx(np.sqrt(np.mean((y - yhat) ** 2)), abs=1e-12)
     assert m["spearman"] > 0.6
-    assert m["rmse"] < 0.7 * y.std()  # y.std(): the best constant on the test split itself
+    assert m["rmse"] < 0.8 * y.std()  # y.std(): the best constant on the test split itself
 
 
 # --- per residue ---------------------------------------------------------------------------
@@ -135,8 +137,10 @@ def test_q3_by_hand():
 HELIX, STRAND = set("AELMQKRH"), set("VIYFWT")
 
 
-def ss3(seq):
-    return "".join("H" if c in HELIX else "E" if c in STRAND else "C" for c in seq)
+def ss3(seq, noise=None):
+    """Secondary structure by residue type; with ``noise`` (a Random) 15 % of the letters drawn at random."""
+    return "".join(noise.choice("CEH") if noise and noise.random() < 0.15 else
+                   "H" if c in HELIX else "E" if c in STRAND else "C" for c in seq)
 
 
 def write_flip(tmp_path, n, seed=3):
@@ -145,25 +149,26 @@ def write_flip(tmp_path, n, seed=3):
     seqs = {f"s{k}": protein(rng) for k in range(n)}
     heads = {i: "SET=test VALIDATION=False" if k % 4 == 0 else f"SET=train VALIDATION={k % 4 == 1}"
              for k, i in enumerate(seqs)}
-    (tmp_path / "labels.fasta").write_text("".join(f">{i} {heads[i]}\n{ss3(s)}\n" for i, s in seqs.items()))
+    labels = {i: ss3(s, rng) for i, s in seqs.items()}
+    (tmp_path / "labels.fasta").write_text("".join(f">{i} {heads[i]}\n{labels[i]}\n" for i, s in seqs.items()))
     (tmp_path / "seqs.fasta").write_text("".join(f">{i}\n{s}\n" for i, s in seqs.items()))
-    return tmp_path / "labels.fasta", tmp_path / "seqs.fasta", seqs
+    return tmp_path / "labels.fasta", tmp_path / "seqs.fasta", seqs, labels
 
 
 def test_residue_labels_from_flip_fasta_q3_from_predictions(ckpt, tmp_path, capsys):
-    labels, seqs_file, seqs = write_flip(tmp_path, 120)
+    labels, seqs_file, seqs, truth = write_flip(tmp_path, 120)
     out = tmp_path / "out"
     code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", f"sequences={seqs_file}",
                                 "task=residue", f"output_dir={out}", *FAST)
     assert code == 0, err
     m, p = json.loads((out / "metrics.json").read_text()), predictions(out)
     assert m["proteins"] == {"train": 60, "valid": 30, "test": 30}
-    assert all(r["label"] == ss3(seqs[r["id"]]) and len(r["prediction"]) == len(r["label"]) for r in p)
+    assert all(r["label"] == truth[r["id"]] and len(r["prediction"]) == len(r["label"]) for r in p)
     right = sum(a == b for r in p for a, b in zip(r["label"], r["prediction"]))
     total = sum(len(r["label"]) for r in p)
     assert m["q3"] == pytest.approx(right / total, abs=1e-12) and m["residues"] == total
     constant = max("".join(r["label"] for r in p).count(c) for c in "CEH") / total
-    assert m["q3"] > constant + 0.3, (m, constant)
+    assert m["q3"] > constant + 0.3 and m["q3"] < 1, (m, constant)
 
 
 # --- freezing, the saved weights --------------------------------------------------------
@@ -236,7 +241,7 @@ def test_bad_labels_are_one_line_exit_2_and_write_nothing(name, ckpt, tmp_path, 
 
 
 def test_flip_length_mismatch_and_the_script_entry_point(ckpt, tmp_path):
-    labels, seqs_file, seqs = write_flip(tmp_path, 4)
+    labels, seqs_file, seqs, _ = write_flip(tmp_path, 4)
     text = labels.read_text().splitlines()
     text[5] = text[5][:-1]  # the third record's labels, one short
     labels.write_text("\n".join(text) + "\n")
