@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from .attention import Attention
 from .attention.feature_maps import KERNELS
 from .errors import UserError
-from .heads import LMHead
-from .tokenizer import Tokenizer
+from .heads import EsmLMHead, LMHead
+from .tokenizer import VOCABULARIES, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,26 @@ class ModelConfig:
     position: str = "rotary"        # rotary (any length) | learned (up to max_positions)
     max_positions: int = 1024       # learned positions only: the longest input the model accepts
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # --- what ESM-2 converted by convert-esm needs; the defaults are protein-performer's own models
+    vocabulary: str = "protein-performer"  # protein-performer | esm (ESM's 33 tokens in ESM's id order)
+    qkv_bias: bool = False          # biased q, k, v projections (the output projection always has a bias)
+    norm_eps: float = 1e-5          # every LayerNorm's epsilon
+    token_dropout: bool = False     # ESM-2's: <mask> embeddings zeroed, all scaled by 0.88 / (1 - masked fraction)
+    lm_head: str = "tied"           # tied: h E^T + b | esm: dense, GELU, LayerNorm, then E^T + b
+    rotary_inv_freq: str = "float64"  # rotary frequencies computed in float64 | float32 (as ESM computes them)
 
     def __post_init__(self):
         if isinstance(self.attention, Mapping):
             object.__setattr__(self, "attention", AttentionConfig(**_known(AttentionConfig, self.attention,
                                                                            "model.attention")))
+        for key, allowed in (("vocabulary", VOCABULARIES), ("lm_head", ("tied", "esm")),
+                             ("rotary_inv_freq", ("float64", "float32"))):
+            if getattr(self, key) not in allowed:
+                raise UserError(f"model.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise UserError(f"model.norm_eps must be a positive number, got {self.norm_eps!r}")
+        if self.token_dropout and self.causal:
+            raise UserError("model.token_dropout is ESM-2's masked-LM embedding scaling: not for a causal model")
         if self.position not in ("rotary", "learned"):
             raise UserError(f"model.position must be 'rotary' or 'learned', got {self.position!r}")
         if self.attention.kernel not in KERNELS:
@@ -121,10 +136,14 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, seed: int = 0):
         super().__init__()
         c = config
-        self.norm1 = nn.LayerNorm(c.dim)
+        self.norm1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.attn = Attention(c.dim, c.heads, causal=c.causal, dropout=c.dropout, seed=seed,
-                              rotary=c.position == "rotary", **asdict(c.attention))
-        self.norm2 = nn.LayerNorm(c.dim)
+                              rotary=c.position == "rotary", bias=c.qkv_bias, **asdict(c.attention))
+        if c.rotary_inv_freq == "float32" and self.attn.rotary is not None:
+            # ESM's frequencies differ from the float64 ones by an ulp: 1e-4 rad at position 2,000
+            r = self.attn.rotary
+            r.inv_freq = 1.0 / (10000 ** (torch.arange(0, r.dim, 2, dtype=torch.float32) / r.dim))
+        self.norm2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.ff = FeedForward(c.dim, c.ff_mult * c.dim, c.dropout)
         self.drop = nn.Dropout(c.dropout)
 
@@ -145,6 +164,18 @@ def _token_ids(tokens: torch.Tensor) -> torch.Tensor:
     return tokens.long()
 
 
+def token_dropout(x: torch.Tensor, tokens: torch.Tensor, padding_mask: torch.Tensor | None,
+                  mask_id: int) -> torch.Tensor:
+    """ESM-2's token dropout, as fair-esm and transformers compute it: ESM-2 was trained with the
+    embeddings of <mask> (12 % of the tokens, 15 % x 80 %) zeroed, so <mask> embeddings are zeroed
+    and all are scaled by (1 - 0.12) / (1 - the fraction of <mask> among the protein's tokens)."""
+    masked = tokens == mask_id
+    lengths = tokens.shape[1] if padding_mask is None else (~padding_mask.bool()).sum(-1)
+    observed = masked.sum(-1).float() / lengths
+    x = x.masked_fill(masked.unsqueeze(-1), 0.0)
+    return (x * (1 - 0.15 * 0.8) / (1 - observed)[:, None, None]).to(x.dtype)
+
+
 class PerformerEncoder(nn.Module):
     """Token ids -> hidden states: embedding (+ learned positions), the blocks, the final norm.
     What every head (:mod:`protein_performer.heads`) sits on."""
@@ -158,7 +189,8 @@ class PerformerEncoder(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         # each layer draws its own random-feature projections (seed = layer index)
         self.blocks = nn.ModuleList(Block(c, seed=i) for i in range(c.depth))
-        self.norm = nn.LayerNorm(c.dim)
+        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.mask_id = Tokenizer(vocabulary=c.vocabulary).mask_id if c.token_dropout else None
         nn.init.normal_(self.embed.weight, std=0.02)
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed.weight, std=0.02)
@@ -180,7 +212,11 @@ class PerformerEncoder(nn.Module):
         """tokens (B, L), any integer dtype -> hidden states (B, L, dim) after the final norm.
         ``padding_mask`` is True at padding. With ``return_layers``, also the list
         [embedding, block 1, ..., block depth-1, final norm]."""
-        x = self.drop(self._positions(self.embed(_token_ids(tokens)), 0, tokens.size(1)))
+        tokens = _token_ids(tokens)
+        x = self.embed(tokens)
+        if self.mask_id is not None:
+            x = token_dropout(x, tokens, padding_mask, self.mask_id)
+        x = self.drop(self._positions(x, 0, tokens.size(1)))
         layers = [x]
         for block in self.blocks:
             x = block(x, padding_mask)
@@ -199,14 +235,16 @@ class PerformerEncoder(nn.Module):
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """One token per sequence (B,) -> its hidden state (B, dim) and the new state; cost
-        and memory do not grow with position for linear kernels."""
-        x = self._positions(self.embed(_token_ids(token)), state["pos"], 1)
+        """One token per sequence (B,), or T tokens (B, T) in one chunked call (a prompt) -> the
+        hidden states (B, dim) or (B, T, dim) and the new state; cost and memory per token do not
+        grow with position for linear kernels."""
+        T = token.shape[1] if token.dim() == 2 else 1
+        x = self._positions(self.embed(_token_ids(token)), state["pos"], T)
         new_layers = []
         for block, s in zip(self.blocks, state["layers"]):
             x, s = block.step(x, s)
             new_layers.append(s)
-        return self.norm(x), {"pos": state["pos"] + 1, "layers": new_layers}
+        return self.norm(x), {"pos": state["pos"] + T, "layers": new_layers}
 
 
 class PerformerLM(nn.Module):
@@ -229,7 +267,7 @@ class PerformerLM(nn.Module):
         self.config = c = config or ModelConfig()
         self.causal, self.position, self.max_positions = c.causal, c.position, c.max_positions
         # the head first: its bias stays the first parameter, as in older checkpoints' optimizer state
-        self.lm_head = LMHead(c.vocab_size)
+        self.lm_head = LMHead(c.vocab_size) if c.lm_head == "tied" else EsmLMHead(c.dim, c.vocab_size, c.norm_eps)
         self.encoder = PerformerEncoder(c)
         self.register_state_dict_post_hook(_saved_keys)
         self.register_load_state_dict_pre_hook(_loaded_keys)
@@ -263,7 +301,7 @@ class PerformerLM(nn.Module):
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """One token per sequence (B,) -> next-token logits (B, V) and the new state."""
+        """Tokens (B,) or (B, T) -> next-token logits (B, V) or (B, T, V) and the new state."""
         h, state = self.encoder.step(token, state)
         return self.logits(h), state
 
