@@ -36,18 +36,6 @@ class EsmLMHead(LMHead):
         return super().forward(self.norm(F.gelu(self.dense(hidden))), embedding_weight)
 
 
-class EsmLMHead(LMHead):
-    """ESM's LM head (fair-esm's RobertaLMHead, transformers' EsmLMHead): dense -> GELU (erf) ->
-    LayerNorm, then the tied projection ``@ E^T + bias``: what a model converted from ESM-2 needs."""
-
-    def __init__(self, dim: int, vocab_size: int, eps: float = 1e-5):
-        super().__init__(vocab_size)  # bias first: still the model's first parameter
-        self.dense, self.norm = nn.Linear(dim, dim), nn.LayerNorm(dim, eps=eps)
-
-    def forward(self, hidden: torch.Tensor, embedding_weight: torch.Tensor) -> torch.Tensor:
-        return super().forward(self.norm(F.gelu(self.dense(hidden))), embedding_weight)
-
-
 def residue_mask(tokens: torch.Tensor, tokenizer: Tokenizer = Tokenizer()) -> torch.Tensor:
     """(B, L) True at residues: every token but padding, <cls> and <eos> (<mask> and <unk>
     stand for residues), the positions ``embed``'s mean pooling averages."""
