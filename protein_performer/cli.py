@@ -14,6 +14,7 @@ flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchanged.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import NamedTuple
 
@@ -69,6 +70,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     from .resources import conf_dir
 
     spec = COMMANDS[command]
+    program = [sys.argv[0], *([] if argv is None else [command])]  # what runs this command again (DDP)
     args = list(sys.argv[1:] if argv is None else argv)
     if not any(a.startswith("hydra.job.name=") for a in args):
         args.append(f"hydra.job.name={command}")
@@ -89,7 +91,8 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
                         f"hydra.run.dir={quote(run_dir)}"]  # ${now:...} as composed here, not a second later
             from .run_folder import check_folder_path, open_run_folder
             check_folder_path(run_dir, "hydra.run.dir")  # Hydra creates it for every command
-            if spec.run_folder:
+            if spec.run_folder and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
+                # (the other ranks of a DDP run are launched once rank zero checked and trains)
                 folder = open_run_folder(run_dir, cfg.hydra.job.name, cfg.get("ckpt_path"),
                                          bool(cfg.get("overwrite")))
         except USER_ERRORS as e:
@@ -98,6 +101,8 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     @hydra.main(config_path=str(conf_dir()), config_name=spec.config, version_base="1.3")
     @cli
     def job(cfg):
+        if spec.run_folder:  # Lightning's DDP launches the other ranks with sys.argv: the same run folder
+            sys.argv = [*program, *sys.argv[1:]]
         with folder.discard_on_user_error() if folder else contextlib.nullcontext():
             return getattr(importlib.import_module(module), function)(cfg)
 

@@ -148,11 +148,13 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     ckpt_dir = run_dir / "checkpoints"
     ckpt_path = cfg.get("ckpt_path")
     overwrite = bool(cfg.get("overwrite"))
+    zero = rank_zero_only.rank == 0
     check_settings(cfg)
     if ckpt_path:
         check_checkpoint(ckpt_path)
-    check_run_folder(ckpt_dir, ckpt_path, overwrite)
-    check_own_files(run_dir, ("config.yaml",))
+    if zero:  # DDP re-launches this for the other ranks once rank zero trains (and set old checkpoints aside)
+        check_run_folder(ckpt_dir, ckpt_path, overwrite)
+        check_own_files(run_dir, ("config.yaml",))
     datamodule = hydra.utils.instantiate(cfg.data)  # checks the data settings
     print(OmegaConf.to_yaml(cfg, resolve=True))
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed
@@ -160,7 +162,6 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     torch.set_float32_matmul_precision("high")
     task = build_task(cfg, getattr(datamodule, "aa_frequencies", None))
     written = journal(run_dir)
-    zero = rank_zero_only.rank == 0
     if zero:
         remove_stale_temporaries(written)
     if cfg.get("compile"):  # in place: state_dict keys and checkpoints are unchanged
