@@ -206,8 +206,8 @@ def checkpoint_qkv(path: str, proteins: int, max_len: int):
 
 
 def run_ckpt(args, emit) -> None:
-    """(b): every layer of every checkpoint; proteins split in half: hedgehog distilled on the first
-    half's q, k, scored (like everything else) on the second."""
+    """(b): every layer of every checkpoint; proteins split in half: hedgehog distilled on windows of
+    the first half's q, k, scored (like everything else) on the second."""
     for path in args.ckpt:
         layers, model, _ = checkpoint_qkv(path, args.ckpt_proteins, args.ckpt_len)
         name = f"{Path(path).parent.parent.name or path} ({model.blocks[0].attn.kernel})"
@@ -221,8 +221,13 @@ def run_ckpt(args, emit) -> None:
             base = dict(data="ckpt", ckpt=name, layer=layer, d=d, std=0.0, L=L)
             for causal, m in means.items():
                 emit(dict(base, causal=causal, kernel="mean", r=0, **m))
+            win = min(256, L)
+
+            def crops(step):  # distillation on 256-token windows of the fitting half (memory win x win)
+                a = (step * 997) % (L - win + 1)
+                return fit_q[..., a:a + win, :], fit_k[..., a:a + win, :]
             for kern, r in kernel_grid(args.kernels, args.features, d):
-                fit = (q, k) if kern == "favor++" else (lambda step: (fit_q, fit_k))
+                fit = (q, k) if kern == "favor++" else crops
                 runs = [evaluate(make_map(kern, d, r, heads, seed, fit=fit, distill_steps=args.distill_steps),
                                  q, k, v, rows, refs) for seed in range(1, 1 + (args.draws if kern in RANDOM else 1))]
                 for causal in (False, True):
@@ -335,7 +340,7 @@ def ckpt_tables(recs, args) -> list[str]:
         header = ["kernel", "r"] + [f"{'causal' if c else 'bidir.'} layer {i}" for c in (False, True) for i in layers]
         rows = []
         for kern, r in [("mean", 0)] + kernel_grid(args.kernels, args.features, mine[0]["d"]):
-            cells = [next((f"{fmt(x['err'])} ({x['tv']:.2f})" for x in _find(mine, causal=c, layer=i, kernel=kern,
+            cells = [next((f"{fmt(x['err'])} ({fmt(x['tv'])})" for x in _find(mine, causal=c, layer=i, kernel=kern,
                                                                               r=r)), "")
                      for c in (False, True) for i in layers]
             rows.append([LABEL[kern], r or ""] + cells)
@@ -365,7 +370,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a small grid (seconds), for the test")
     ap.add_argument("--ckpt", action="append", default=[], help="a checkpoint whose layers' q, k, v to score (b)")
-    ap.add_argument("--ckpt-proteins", type=int, default=8, help="the longest held-out proteins (half fit, half scored)")
+    ap.add_argument("--ckpt-proteins", type=int, default=4, help="the longest held-out proteins (half fit, half scored)")
     ap.add_argument("--ckpt-len", type=int, default=4096, help="crop held-out proteins to this many tokens")
     ap.add_argument("--kernels", default=",".join(KERNELS))
     ap.add_argument("--threads", type=int, default=1)
