@@ -16,6 +16,7 @@ import csv
 import io
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -381,7 +382,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                     "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                     **(trainer or {})}
-        settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min")]
+        settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
+                                                           check_on_train_epoch_end=False)]
         import tempfile
         with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
             pl.seed_everything(seed, verbose=False)
@@ -399,7 +401,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         result = metrics(task, classes, test_labels_, predictions, scores)
         result["baseline"] = baseline(task, [ex.labels[i] for i in part["train"]], test_labels_)
         result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
-                      epochs=int(fit.current_epoch), best_val_loss=module.best_loss, train_seconds=round(seconds, 2))
+                      epochs=int(fit.current_epoch), best_val_loss=module.best_loss if module.best is not None else None, train_seconds=round(seconds, 2))
         meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features, "pooling": pooling,
                 "dropout": dropout, "freeze": freeze, "target_scale": list(scale), "model": encoder.config.to_dict(),
                 "source": str(ckpt)}
@@ -498,9 +500,10 @@ def _write_outputs(out: Path, net: FineTuneNet, meta: dict, result: dict, ids, l
     out.mkdir(parents=True, exist_ok=True)
     written = WrittenFiles(out / JOURNAL)
     written.record(*(out / name for name in (WEIGHTS, CONFIG, PREDICTIONS, METRICS)))
+    write_json(out / CONFIG, meta, indent=2)
     with atomic_path(out / WEIGHTS) as tmp:
         save_file({k: v.contiguous() for k, v in _state(net).items()}, str(tmp), metadata={"format": "pt"})
-    write_json(out / CONFIG, meta, indent=2)
+        shutil.copymode(out / CONFIG, tmp)  # safetensors writes owner-only; share like the rest
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["id", "label", "prediction", *(["score"] if scores is not None else [])])
