@@ -83,7 +83,8 @@ def load_model(model: Any, device: str = "cpu") -> LoadedModel:
     if hasattr(model, "model") and hasattr(model, "tokenizer"):  # ProteinLM
         task, net, tokenizer = model.eval(), model.model, model.tokenizer
     else:
-        net, tokenizer = model, Tokenizer()
+        net = model  # the tokenizer of its vocabulary (a model converted from ESM has ESM's ids)
+        tokenizer = Tokenizer(vocabulary=getattr(getattr(net, "config", None), "vocabulary", "protein-performer"))
     kernel = next((m.kernel for m in net.modules() if isinstance(getattr(m, "kernel", None), str)), None)
     net = net.to(resolve_device(device)).eval()
     return LoadedModel(net, tokenizer, kernel, source, task, frequencies)

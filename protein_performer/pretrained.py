@@ -37,7 +37,7 @@ from .device import resolve_device
 from .errors import UserError, one_line
 from .files import WrittenFiles, remove_path
 from .model import ModelConfig, PerformerLM
-from .tokenizer import VERSION, Tokenizer
+from .tokenizer import VERSION, VOCABULARIES, Tokenizer
 
 CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, CARD = (
     "config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "README.md")
@@ -72,9 +72,10 @@ def load_pretrained(path, device="cpu") -> tuple[PerformerLM, Tokenizer]:
         raise UserError(f"{d}: no such directory (an exported model is a directory with {CONFIG} and {WEIGHTS})")
     config = read_config(d / CONFIG)
     model = build_model(config, d / CONFIG)
-    _check_vocab(d / VOCAB)
+    tokenizer = Tokenizer(vocabulary=model.config.vocabulary)
+    _check_vocab(d / VOCAB, tokenizer)
     load_weights(model, d / WEIGHTS)
-    return model.to(resolve_device(device)).eval(), Tokenizer()
+    return model.to(resolve_device(device)).eval(), tokenizer
 
 
 def read_config(path: Path) -> dict:
@@ -100,8 +101,11 @@ def read_config(path: Path) -> dict:
         raise UserError(f"{path}: objective must be 'mlm' or 'clm', got {config['objective']!r}")
     if config["tokenizer_version"] != VERSION:
         raise UserError(f"{path}: tokenizer version {config['tokenizer_version']!r}, this code has {VERSION}")
-    if config["vocab_size"] != Tokenizer().vocab_size:
-        raise UserError(f"{path}: vocab_size {config['vocab_size']!r}, the tokenizer has {Tokenizer().vocab_size}")
+    if config.get("vocabulary", "protein-performer") not in VOCABULARIES:
+        raise UserError(f"{path}: vocabulary {config['vocabulary']!r}: choose one of {', '.join(VOCABULARIES)}")
+    tok = Tokenizer(vocabulary=config.get("vocabulary", "protein-performer"))
+    if config["vocab_size"] != tok.vocab_size:
+        raise UserError(f"{path}: vocab_size {config['vocab_size']!r}, the tokenizer has {tok.vocab_size}")
     return config
 
 
@@ -143,8 +147,8 @@ def _exported_state(model: PerformerLM) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
-def _check_vocab(path: Path) -> None:
-    if path.is_file() and path.read_text(encoding="utf-8").splitlines() != list(Tokenizer().tokens):
+def _check_vocab(path: Path, tokenizer: Tokenizer = Tokenizer()) -> None:
+    if path.is_file() and path.read_text(encoding="utf-8").splitlines() != list(tokenizer.tokens):
         raise UserError(f"{path}: the vocabulary differs from this code's tokenizer (version {VERSION})")
 
 
@@ -241,7 +245,7 @@ def export_config(model: ModelConfig, hparams: dict, step: int | None) -> dict:
     the same thing to later code whose defaults have changed) and the task's hyperparameters."""
     objective = hparams["objective"]
     arch = ARCHITECTURES[objective][0]
-    tok = Tokenizer()
+    tok = Tokenizer(vocabulary=model.vocabulary)
     freqs = hparams.get("aa_frequencies")
     config = {
         "model_type": MODEL_TYPE,
@@ -323,8 +327,8 @@ def _write_weights(model: PerformerLM, path: Path) -> None:
     save_file(state, str(path), metadata={"format": "pt"})
 
 
-def _write_tokenizer(d: Path) -> None:
-    (d / VOCAB).write_text("\n".join(Tokenizer().tokens) + "\n", encoding="utf-8")
+def _write_tokenizer(d: Path, tokenizer: Tokenizer = Tokenizer()) -> None:
+    (d / VOCAB).write_text("\n".join(tokenizer.tokens) + "\n", encoding="utf-8")
     config = {"tokenizer_class": "EsmTokenizer", "cls_token": "<cls>", "eos_token": "<eos>", "pad_token": "<pad>",
               "mask_token": "<mask>", "unk_token": "<unk>", "model_max_length": 1_000_000_000,
               "clean_up_tokenization_spaces": False, "protein_performer_tokenizer_version": VERSION}
