@@ -252,3 +252,28 @@ def test_flip_length_mismatch_and_the_script_entry_point(ckpt, tmp_path):
     assert r.returncode == 2 and r.stderr == (f"error: {labels}:5: protein 's2': {n - 1} residue labels "
                                               f"for {n} residues\n"), r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.fasta", "seqs.fasta"]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_freeze_n_stops_the_first_layers(ckpt):
+    tok = Tokenizer()
+    x = torch.tensor(np.stack([tok.encode(protein(random.Random(k))[:20]) for k in range(3)]))
+
+    def grads(checkpointing, freeze):
+        torch.manual_seed(0)
+        net = FT.FineTuneNet(ProteinLM(model=TINY_MODEL).model.encoder, "regression", 1, "mean", 0.0)
+        net.load_state_dict({f"encoder.{k}": v for k, v in ckpt[0].model.encoder.state_dict().items()}, strict=False)
+        net.freeze(freeze)
+        if checkpointing:
+            net.checkpoint_blocks()
+        net.train()
+        net(x).square().sum().backward()
+        calls = [b.attn.forward_calls for b in net.encoder.blocks]  # a recomputed block runs twice
+        return {k: p.grad for k, p in net.named_parameters()}, calls
+
+    (plain, once), (recomputed, twice) = grads(False, "none"), grads(True, "none")
+    assert once == [1, 1] and twice == [2, 2]
+    assert all(torch.allclose(plain[k], recomputed[k], atol=1e-6, rtol=1e-5) for k in plain)
+    frozen, _ = grads(False, 1)
+    assert all(frozen[k] is None for k in frozen if k.startswith(("encoder.embed", "encoder.blocks.0.")))
+    assert all(torch.allclose(frozen[k], plain[k], atol=1e-6, rtol=1e-5)
+               for k in frozen if k.startswith(("encoder.blocks.1.", "encoder.norm", "head")))
