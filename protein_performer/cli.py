@@ -46,6 +46,8 @@ COMMANDS = {
                       "write a checkpoint as a Hugging Face-style directory (config.json, model.safetensors)"),
     "score": Command("score", "protein_performer.commands:score",
                      "zero-shot variant effects: score a ProteinGym-style substitution CSV (or a folder of them)"),
+    "convert-esm": Command("convert_esm", "protein_performer.commands:convert_esm",
+                           "convert ESM-2 (transformers directory or fair-esm .pt) to an exported directory"),
     "finetune": Command("finetune", "protein_performer.commands:finetune",
                         "fine-tune a supervised head (per protein or per residue) on a checkpoint, with test metrics"),
 }

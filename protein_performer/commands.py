@@ -121,6 +121,15 @@ def score(cfg: DictConfig) -> None:
     print(format_summary(score_files(kw.pop("ckpt"), kw.pop("input"), kw.pop("output"), **kw)))
 
 
+def convert_esm(cfg: DictConfig) -> None:
+    _require(cfg, "input", "output", example="input=ESM_DIR_OR_PT output=DIR [model.attention.kernel=exact]")
+    from .convert_esm import convert
+    out = convert(cfg.input, cfg.output, overwrite=bool(cfg.overwrite),
+                  attention=OmegaConf.to_container(cfg.model.attention, resolve=True))
+    print(f"wrote {out}: config.json, model.safetensors, vocab.txt, transformers code, README.md "
+          f"({cfg.model.attention.kernel} attention)")
+
+
 def finetune(cfg: DictConfig) -> None:
     _require(cfg, "ckpt", "labels", "task", "output_dir",
              example="ckpt=CHECKPOINT labels=labels.csv task=classification output_dir=DIR")

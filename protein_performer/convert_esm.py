@@ -107,7 +107,7 @@ def read_transformers(d: Path) -> tuple[dict, dict, dict]:
                         f"not 'esm' (a transformers ESM directory)")
     for key, want in (("position_embedding_type", "rotary"), ("emb_layer_norm_before", False),
                       ("is_folding_model", False), ("hidden_act", "gelu"), ("vocab_size", len(ESM_TOKENS))):
-        if config.get(key, want) != want:
+        if config.get(key) not in (None, want):  # None: transformers' default, ESM-2's
             raise UserError(f"{where}: {key} is {config.get(key)!r}; ESM-2 (what convert-esm maps) has {want!r}")
     vocab = d / "vocab.txt"
     if vocab.is_file() and vocab.read_text(encoding="utf-8").split() != list(ESM_TOKENS):
@@ -165,7 +165,7 @@ def _torch_load(path: Path):
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable or unsafe file is the user's error
-        raise UserError(f"{path}: not a readable ESM checkpoint (weights_only load: {one_line(e)})") from e
+        raise UserError(f"{path}: not a readable ESM checkpoint (torch.load, weights only: {type(e).__name__} {one_line(e)})") from e
 
 
 def read_esm(path) -> tuple[dict, dict, dict]:
