@@ -218,8 +218,9 @@ def build_embedder(loaded: LoadedModel, layers, pooling, per_residue: bool, prec
                     loaded.kernel, long_alone)
 
 
-def _tokenizer(unknown: str) -> Tokenizer:
-    return Tokenizer(unknown=unknown, unknown_key="unknown")
+def _tokenizer(unknown: str, like: Tokenizer = Tokenizer()) -> Tokenizer:
+    """The model's tokenizer (its vocabulary: a model converted from ESM reads ESM's ids) with ``unknown``."""
+    return Tokenizer(unknown=unknown, unknown_key="unknown", vocabulary=like.vocabulary)
 
 
 # --- the notebook API ----------------------------------------------------------------
@@ -241,7 +242,7 @@ def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] =
     loaded = load_model(model, device)
     emb = build_embedder(loaded, layers, pooling, per_residue, precision, long_alone)
     stats: dict = {}
-    entries = list(read_sequences(sequences, tokenizer=_tokenizer(unknown), on_invalid=on_invalid, stats=stats))
+    entries = list(read_sequences(sequences, tokenizer=_tokenizer(unknown, loaded.tokenizer), on_invalid=on_invalid, stats=stats))
     if not entries:
         raise UserError(f"nothing to embed: no valid sequences (skipped: {skipped_text(stats)})")
     results: list[dict] = [{}] * len(entries)
@@ -657,7 +658,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     loaded = load_model(ckpt, device)
     check_finite_weights(loaded)
     emb = build_embedder(loaded, layers, pooling, per_residue, precision, long_alone)
-    tokenizer, pad_id = _tokenizer(unknown), loaded.tokenizer.pad_id
+    tokenizer, pad_id = _tokenizer(unknown, loaded.tokenizer), loaded.tokenizer.pad_id
 
     # pass 1: every record checked before any output exists
     stats: dict = {}

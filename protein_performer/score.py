@@ -247,7 +247,7 @@ class Scorer:
         return self.tokenizer.encode(seq).astype(np.int64)
 
     def aa_id(self, aa: str) -> int:
-        return self.tokenizer.aa_offset + AMINO_ACIDS.index(aa)
+        return self.tokenizer.aa_id(aa)
 
     def _autocast(self):
         if self.dtype == torch.float32:
