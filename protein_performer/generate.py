@@ -5,8 +5,9 @@ every new token costs the same time and memory whatever its position; exact-soft
 models carry a growing KV cache. Both go through :meth:`PerformerLM.step`, which also
 handles rotary (offset by the state's position) and learned positions.
 
-Sequences start as ``<cls> prompt``; each step feeds one token and samples the next from
-the model's distribution after temperature, top-k and top-p filtering. Padding, <mask>,
+Sequences start as ``<cls> prompt``, fed in one call (the chunked causal path, which returns
+the state after it); then each step feeds one token and samples the next from the model's
+distribution after temperature, top-k and top-p filtering. Padding, <mask>,
 <cls> and <unk> are never sampled; <eos> is suppressed until ``min_length`` residues
 (prompt included) exist. A sequence stops at <eos> or at ``max_length`` residues (prompt
 included); a batch stops when all of its sequences have.
@@ -147,10 +148,10 @@ def _generate_batch(model, tokenizer: Tokenizer, prefix: list[int], batch: int, 
     state = model.init_state(batch, device)
     prefix_t = torch.tensor(prefix, dtype=torch.long, device=device)
     step_logits: list[torch.Tensor] = []
-    for t in range(len(prefix) - 1):                            # prefill: <cls> and prompt[:-1]
-        logits, state = model.step(prefix_t[t].expand(batch), state)
+    if len(prefix) > 1:                                          # prefill <cls> and prompt[:-1] in one call
+        logits, state = model.step(prefix_t[None, :-1].expand(batch, -1), state)
         if return_logits:
-            step_logits.append(logits.float().cpu())
+            step_logits += logits.float().cpu().unbind(1)
 
     generated = torch.full((batch, max(max_length - n_prompt, 0)), tokenizer.pad_id, dtype=torch.long,
                            device=device)  # preallocated: no per-token copy that grows with position

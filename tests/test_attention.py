@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from protein_performer.attention import (KERNELS, Attention, CausalLinearAttention, FavorPlus, FavorPlusPlus,
-                                         build_feature_map, linear_attention, linear_attention_step,
-                                         init_linear_state, softmax_attention_sdpa)
+                                         bidirectional_linear_attention, build_feature_map, chunk_linear_attention,
+                                         init_linear_state, kernel_attention, linear_attention,
+                                         recurrent_linear_attention, softmax_attention_sdpa)
 from protein_performer.attention.naive import (naive_linear_attention, naive_recurrent_linear_attention,
                                                softmax_attention)
 
@@ -69,10 +70,10 @@ def test_causal_product_gradcheck(L, chunk):
     q = _positive(2, L, 3, seed=10).requires_grad_()
     k = _positive(2, L, 3, seed=11).requires_grad_()
     v = _normal(2, L, 2, seed=12).requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, b, c: CausalLinearAttention.apply(a, b, c, None, 1e-30, chunk),
+    assert torch.autograd.gradcheck(lambda a, b, c: CausalLinearAttention.apply(a, b, c, None, 1e-30, chunk)[0],
                                     (q, k, v), fast_mode=L > 13)
     log_scale = (_normal(2, L, seed=31) * 3).requires_grad_()  # key j's features are k_j exp(log_scale_j)
-    assert torch.autograd.gradcheck(lambda a, b, c, s: CausalLinearAttention.apply(a, b, c, s, 1e-30, chunk),
+    assert torch.autograd.gradcheck(lambda a, b, c, s: CausalLinearAttention.apply(a, b, c, s, 1e-30, chunk)[0],
                                     (q, k, v, log_scale), fast_mode=L > 13)
 
 
@@ -102,8 +103,9 @@ def test_recurrent_step_matches_parallel():
     ref = linear_attention(q, k, v, causal=True, chunk_size=4)
     state = init_linear_state(2, 3, 6, 4, dtype=torch.float64)
     for t in range(17):
-        out, state = linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
-        torch.testing.assert_close(out, ref[:, :, t], rtol=1e-10, atol=1e-12)
+        out, state = recurrent_linear_attention(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                                                initial_state=state, output_final_state=True)
+        torch.testing.assert_close(out, ref[:, :, t:t + 1], rtol=1e-10, atol=1e-12)
 
 
 def test_fp32_state_under_bf16_inputs():
@@ -218,3 +220,133 @@ def test_module_causality(kernel):
         x2[:, j:] = torch.randn(1, 14 - j, 32, dtype=torch.float64) * 3
         out2 = m(x2)
         assert torch.equal(out[:, :j], out2[:, :j]), f"output before {j} changed"
+
+
+# --------------------------------------------------------------------------- states: one signature
+def _qkvs(B, H, L, r=5, d=3, seed=40, scale=True):
+    q, k, v = _positive(B, H, L, r, seed=seed), _positive(B, H, L, r, seed=seed + 1), _normal(B, H, L, d, seed=seed + 2)
+    s = _normal(B, H, L, 1, seed=seed + 3) * 20 if scale else None  # key log-scales over ~80 nats
+    return q, k, v, s
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_chunked_from_initial_state_equals_running_the_concatenation(scale):
+    """Outputs and every gradient (q, k, v, log-scales) of two pieces, the second started from the
+    first's final state, equal one call on the whole sequence; the final states agree too."""
+    L, C = 29, 4
+    q0, k0, v0, s0 = _qkvs(2, 2, L, scale=scale)
+    w = _normal(2, 2, L, 3, seed=50)
+    for cut in (1, 8, 11, 28):  # inside a chunk, on a chunk boundary, one position left
+        runs = []
+        for pieces in ([(0, L)], [(0, cut), (cut, L)]):
+            q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+            s = None if s0 is None else s0.clone().requires_grad_()
+            outs, state = [], None
+            for a, b in pieces:
+                o, state = chunk_linear_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], chunk_size=C,
+                                                  k_log_scale=None if s is None else s[:, :, a:b],
+                                                  initial_state=state, output_final_state=True)
+                outs.append(o)
+            out = torch.cat(outs, dim=2)
+            (out * w).sum().backward()
+            runs.append((out, state, [t.grad for t in (q, k, v, s) if t is not None]))
+        (o1, st1, g1), (o2, st2, g2) = runs
+        torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(o1, naive_linear_attention(q0, k0 if s0 is None else k0 * s0.exp(), v0, causal=True),
+                                   rtol=1e-10, atol=1e-12)
+        for a, b in zip(st1, st2):
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-10, atol=1e-12)
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_gradients_through_the_states_pass_gradcheck():
+    """Gradients into initial_state (S, Z) and from the final state (S, Z), with key log-scales (m0 above
+    every log-scale, so the final state's units m stay m0: m is a gauge and carries no gradient)."""
+    L, C = 7, 3
+    q, k, v, s = _qkvs(1, 1, L, r=3, d=2)
+    s = (s / 20).clamp(-2, 2)
+    q, k, v, s = (t.requires_grad_() for t in (q, k, v, s))
+    S0, Z0 = _positive(1, 1, 3, 2, seed=60).requires_grad_(), _positive(1, 1, 3, seed=61).requires_grad_()
+    m0 = torch.full((1, 1, 1), 3.0, dtype=torch.float64)
+
+    def f(q, k, v, s, S0, Z0):
+        o, (S, Z, m) = chunk_linear_attention(q, k, v, k_log_scale=s, chunk_size=C, initial_state=(S0, Z0, m0),
+                                              output_final_state=True)
+        return o, S, Z
+    assert torch.autograd.gradcheck(f, (q, k, v, s, S0, Z0))
+
+
+def test_recurrent_and_bidirectional_paths_continue_from_a_state():
+    q, k, v, s = _qkvs(2, 3, 13)
+    ref = linear_attention(q, k, v, causal=True, chunk_size=4, k_log_scale=s)
+    o1, st = chunk_linear_attention(q[:, :, :6], k[:, :, :6], v[:, :, :6], k_log_scale=s[:, :, :6],
+                                    output_final_state=True)
+    o2, st_rec = recurrent_linear_attention(q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], k_log_scale=s[:, :, 6:],
+                                            initial_state=st, output_final_state=True)
+    torch.testing.assert_close(torch.cat([o1, o2], 2), ref, rtol=1e-10, atol=1e-12)
+    _, st_all = chunk_linear_attention(q, k, v, k_log_scale=s, output_final_state=True)
+    for a, b in zip(st_rec, st_all):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # bidirectional: the initial state's keys are seen by every query, the final state holds all keys
+    _, st = bidirectional_linear_attention(q[:, :, :6], k[:, :, :6], v[:, :, :6], k_log_scale=s[:, :, :6],
+                                           output_final_state=True)
+    out, st_b = bidirectional_linear_attention(q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], k_log_scale=s[:, :, 6:],
+                                               initial_state=st, output_final_state=True)
+    full = naive_linear_attention(q, k * s.exp(), v)
+    torch.testing.assert_close(out, full[:, :, 6:], rtol=1e-10, atol=1e-12)
+    for a, b in zip(st_b[:2], st_all[:2]):  # same keys, same units (m is the same maximum)
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_future_infinity_leaves_earlier_gradients_exact():
+    """issue 19's reproduction: elu features (head_dim 16), L = 300, v[:, :, 200] = 3e38, causal,
+    chunk 64; the gradients of a loss on the first 200 outputs equal those of running only the
+    first 200 positions (they were NaN from position 0: 0 * inf in the backward)."""
+    fm = build_feature_map("elu", 16)
+    g = torch.Generator().manual_seed(0)
+    q0, k0, v0 = (torch.randn(1, 2, 300, 16, generator=g) for _ in range(3))
+    v0[:, :, 200] = 3e38
+    grads = []
+    for L in (300, 200):
+        q, k, v = (t[:, :, :L].clone().requires_grad_() for t in (q0, k0, v0))
+        out = kernel_attention(fm, q, k, v, causal=True, chunk_size=64)
+        out[:, :, :200].sum().backward()
+        grads.append([t.grad[:, :, :200] for t in (q, k, v)])
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # float64, an infinite value, log-scaled keys (FAVOR+): the same
+    fm = build_feature_map("softmax", 16, 32, generator=torch.Generator().manual_seed(1)).double()
+    q0, k0, v0 = q0.double() * 0.5, k0.double() * 0.5, v0.double()
+    v0[:, :, 200] = float("inf")
+    grads = []
+    for L in (300, 200):
+        q, k, v = (t[:, :, :L].clone().requires_grad_() for t in (q0, k0, v0))
+        out = kernel_attention(fm, q, k, v, causal=True, chunk_size=64)
+        (out[:, :, :200] * v0[:, :, :200].sin()).sum().backward()
+        grads.append([t.grad[:, :, :200] for t in (q, k, v)])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", LINEAR_KERNELS + ["exact"])
+def test_module_steps_several_tokens_at_once(kernel):
+    """Attention.step on T tokens (the chunked path from the state) equals T one-token steps and the
+    parallel forward, and leaves the same state."""
+    torch.manual_seed(0)
+    m = Attention(16, 2, kernel=kernel, nb_features=8, chunk_size=4, causal=True).double().eval()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    ref = m(x)
+    one = m.init_state(2)
+    for t in range(11):
+        _, one = m.step(x[:, t], one)
+    st = m.init_state(2)
+    o1, st = m.step(x[:, :1], st)
+    o2, st = m.step(x[:, 1:7], st)
+    o3, st = m.step(x[:, 7:], st)
+    torch.testing.assert_close(torch.cat([o1, o2, o3], 1), ref, rtol=1e-10, atol=1e-10)
+    assert st.keys() == one.keys() and st["pos"] == 11
+    for key in st:
+        if key != "pos":
+            torch.testing.assert_close(st[key], one[key], rtol=1e-10, atol=1e-12)

@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from protein_performer.attention import (Attention, build_feature_map, init_linear_state, kernel_attention,
-                                         linear_attention, linear_attention_step)
+from protein_performer.attention import (Attention, build_feature_map, kernel_attention, linear_attention,
+                                         recurrent_linear_attention)
 from protein_performer.attention.naive import naive_linear_attention
 
 
@@ -24,16 +24,9 @@ def _rel(a, b):
 
 
 def _recurrent(fm, q, k, v):
-    """Outputs of linear_attention_step position by position (the RNN decoding path)."""
+    """Outputs of the recurrent path, position by position (the RNN decoding path)."""
     kf, ls = fm(k, is_query=False)
-    qf = fm(q, is_query=True)
-    state = init_linear_state(q.shape[0], q.shape[1], fm.num_features, v.shape[-1], dtype=qf.dtype)
-    outs = []
-    for t in range(q.shape[2]):
-        o, state = linear_attention_step(qf[:, :, t], kf[:, :, t], v[:, :, t], state,
-                                         k_log_scale=None if ls is None else ls[:, :, t])
-        outs.append(o)
-    return torch.stack(outs, dim=2)
+    return recurrent_linear_attention(fm(q, is_query=True), kf, v, k_log_scale=ls)[0]
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "favor++"])

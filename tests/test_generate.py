@@ -335,3 +335,27 @@ def test_script_end_to_end(clm_ckpt, tmp_path):
                        timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "trig", "exact"])
+def test_prompt_prefilled_in_one_call_samples_the_tokens_of_token_by_token_prefill(kernel):
+    """generate feeds the prompt in one chunked call; feeding it one token at a time (as before)
+    gives the same tokens for a fixed seed, and the same logits to float tolerance."""
+    model = make_task(kernel).model
+    one_by_one = make_task(kernel).model
+    step = one_by_one.step
+
+    def token_by_token(tokens, state):
+        if tokens.dim() == 1:
+            return step(tokens, state)
+        logits = []
+        for t in range(tokens.shape[1]):
+            lg, state = step(tokens[:, t], state)
+            logits.append(lg)
+        return torch.stack(logits, 1), state
+    one_by_one.step = token_by_token
+    a = generate(model, num_samples=4, max_length=40, prompt="MKTAYIAKQRQISFVK", seed=5, return_logits=True)
+    b = generate(one_by_one, num_samples=4, max_length=40, prompt="MKTAYIAKQRQISFVK", seed=5, return_logits=True)
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    for x, y in zip(a, b):
+        assert (x.logits - y.logits).abs().max() <= fp32_tolerance(kernel, y.logits)

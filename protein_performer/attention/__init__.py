@@ -1,8 +1,10 @@
 """Attention for protein-performer: feature maps, linear attention, exact attention, the layer.
 
 Public API:
-    linear_attention(q, k, v, causal=False, key_padding_mask=None, chunk_size=None)
-    linear_attention_step(q, k, v, state)          recurrent causal step
+    linear_attention(q, k, v, causal=False, key_padding_mask=None, chunk_size=None) -> out
+    chunk_linear_attention / bidirectional_linear_attention / recurrent_linear_attention
+        (q, k, v, ..., initial_state=None, output_final_state=False) -> (out, final_state)
+    init_linear_state(B, H, r, d)                  empty (S, Z, m) state
     CausalLinearAttention                          chunked causal attention with its own backward
     softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
     Attention(dim, heads, kernel="softmax", ...)   the module the model uses
@@ -14,14 +16,15 @@ Public API:
 from .feature_maps import (KERNELS, EluFeatures, FavorPlus, FavorPlusPlus, FeatureMap, HedgehogFeatures, KeyFeatures,
                            ReluFeatures, TrigFeatures, build_feature_map, distill, gaussian_random_matrix, oprf_A, oprf_rho)
 from .layer import Attention, kernel_attention, projection_seed
-from .linear import (CausalLinearAttention, causal_product, init_linear_state, linear_attention,
-                     linear_attention_step)
+from .linear import (CausalLinearAttention, bidirectional_linear_attention, chunk_linear_attention,
+                     init_linear_state, linear_attention, recurrent_linear_attention)
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
 __all__ = [
-    "Attention", "linear_attention", "linear_attention_step", "init_linear_state", "causal_product",
+    "Attention", "linear_attention", "chunk_linear_attention", "bidirectional_linear_attention",
+    "recurrent_linear_attention", "init_linear_state",
     "CausalLinearAttention", "KeyFeatures", "softmax_attention_sdpa", "RotaryEmbedding", "KERNELS", "FeatureMap",
-    "FavorPlus", "FavorPlusPlus", "TrigFeatures", "ReluFeatures", "EluFeatures", "HedgehogFeatures",
-    "build_feature_map", "distill", "gaussian_random_matrix", "oprf_A", "oprf_rho", "projection_seed", "kernel_attention",
+    "FavorPlus", "FavorPlusPlus", "TrigFeatures", "ReluFeatures", "EluFeatures", "HedgehogFeatures", "build_feature_map",
+    "distill", "gaussian_random_matrix", "oprf_A", "oprf_rho", "projection_seed", "kernel_attention",
 ]

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from .feature_maps import KERNELS, FavorPlusPlus, build_feature_map
-from .linear import DEFAULT_CHUNK_SIZE, init_linear_state, linear_attention, linear_attention_step
+from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, init_linear_state, linear_attention,
+                     recurrent_linear_attention)
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
@@ -176,27 +178,32 @@ class Attention(nn.Module):
         return state
 
     def step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """One causal decoding step: x_t (B, dim) -> (out (B, dim), new state).
+        """Causal decoding from a state: one token x_t (B, dim), or T tokens (B, T, dim) at once (a
+        prompt: one chunked call) -> (out of the same shape, new state).
 
-        Matches ``forward`` of a causal module at position ``state["pos"]``; for linear
-        kernels the cost and the state size do not grow with the position."""
-        pos = int(state["pos"])
-        q, k, v = self._qkv(x_t.unsqueeze(1), offset=pos)        # (B, H, 1, dh)
+        Matches ``forward`` of a causal module at positions ``state["pos"]`` on; for linear
+        kernels the cost per token and the state size do not grow with the position."""
+        pos, one = int(state["pos"]), x_t.dim() == 2
+        x = x_t.unsqueeze(1) if one else x_t
+        T = x.shape[1]
+        q, k, v = self._qkv(x, offset=pos)                      # (B, H, T, dh)
         if self.feature_map is None:
             K = torch.cat([state["k"], k], dim=2)
             V = torch.cat([state["v"], v], dim=2)
-            out = softmax_attention_sdpa(q, K, V, causal=False)
-            return self._merge(out).squeeze(1), {"pos": pos + 1, "k": K, "v": V}
-        fm = self.feature_map
-        qf, (kf, k_log_scale) = fm(q, is_query=True)[:, :, 0], fm(k, is_query=False)
-        new = {"pos": pos + 1}
-        eps = fm.normalizer_eps
-        if "floor" in state:  # running sum of the per-key floor contributions
-            new["floor"] = eps = state["floor"] + fm.normalizer_floor(k, True)[:, :, 0].to(state["floor"].dtype)
-        out, (new["S"], new["Z"], new["m"]) = linear_attention_step(
-            qf, kf[:, :, 0], v[:, :, 0], (state["S"], state["Z"], state["m"]), eps=eps,
-            k_log_scale=None if k_log_scale is None else k_log_scale[:, :, 0])
-        return self._merge(out.unsqueeze(2)).squeeze(1), new
+            out, new = softmax_attention_sdpa(q, K, V, causal=T > 1), {"pos": pos + T, "k": K, "v": V}
+        else:
+            fm = self.feature_map
+            qf, (kf, k_log_scale) = fm(q, is_query=True), fm(k, is_query=False)
+            new = {"pos": pos + T}
+            eps = fm.normalizer_eps
+            if "floor" in state:  # running sum of the per-key floor contributions
+                eps = state["floor"].unsqueeze(2) + fm.normalizer_floor(k, True).to(state["floor"].dtype)
+                new["floor"] = eps[:, :, -1]
+            path = recurrent_linear_attention if T == 1 else partial(chunk_linear_attention, chunk_size=self.chunk_size)
+            out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps, output_final_state=True,
+                                                       initial_state=(state["S"], state["Z"], state["m"]))
+        out = self._merge(out)
+        return (out.squeeze(1) if one else out), new
 
     def extra_repr(self) -> str:
         return (f"kernel={self.kernel!r}, heads={self.heads}, head_dim={self.head_dim}, "

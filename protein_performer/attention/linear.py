@@ -1,20 +1,33 @@
 r"""Linear attention D^-1 (Q' (K'^T V)) on feature-mapped queries and keys.
 
-Three paths behind :func:`linear_attention`:
+Three paths, one signature (as flash-linear-attention's ops have it)::
 
-* bidirectional: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z;
-* causal, chunked (:class:`CausalLinearAttention`): the sequence is cut into chunks of C
-  positions.  Inside a chunk the masked (Q'K'^T)V is a small dense product; across chunks a
-  running state S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried (prefix sums over chunks,
-  one batched matmul for all chunks, no Python loop over chunks).  The backward recomputes
-  the states instead of storing one per position ("Transformers are RNNs", Katharopoulos et
-  al. 2020, eqs. 8-10): with G the gradient of the unnormalized product,
-      dQ_i = sum_{j<=i} (g_i . v_j) k_j      (forward prefix sums of k v^T)
-      dK_j = sum_{i>=j} (v_j . g_i) q_i      (reverse prefix sums of q g^T)
-      dV_j = sum_{i>=j} (q_i . k_j) g_i      (the same reverse prefix sums)
-  with the intra-chunk scores reused from the forward and the reverse sums taken over chunk
-  states, so training memory per head is O(L (r + d + C) + (L / C) r d), never O(L r d);
-* recurrent (:func:`linear_attention_step`): one token's q', k', v and the state (S, Z, m).
+    o, final_state = path(q, k, v, ..., initial_state=None, output_final_state=False)
+
+* :func:`bidirectional_linear_attention`: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z;
+* :func:`chunk_linear_attention` (causal; :class:`CausalLinearAttention`): the sequence is cut
+  into chunks of C positions.  Inside a chunk the masked (Q'K'^T)V is a small dense product;
+  across chunks the running state S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried by a loop over
+  chunks that works on all (batch x head) rows at once: each step touches C x r values per row,
+  which stay in cache (a prefix sum over all chunks at once, as this module did before, streams
+  every chunk state through memory and ran ~2x slower on CPU).  The backward recomputes the states
+  instead of storing one per position ("Transformers are RNNs", Katharopoulos et al. 2020, eqs.
+  8-10): with G the gradient of the unnormalized product,
+      dQ_i = sum_{j<=i} (g_i . v_j) k_j      (a forward loop carrying S = sum k v^T)
+      dK_j = sum_{i>=j} (v_j . g_i) q_i      (a reverse loop carrying R = sum q g^T)
+      dV_j = sum_{i>=j} (q_i . k_j) g_i      (the same R)
+  with the intra-chunk scores reused from the forward, so training memory per head is
+  O(L (r + d + C) + r d), never O(L r d).  Both loops are sequential, so nothing from a later
+  chunk can reach an earlier one (no 0 * inf of a masked scan);
+* :func:`recurrent_linear_attention`: position by position from a state (decoding).
+
+A state is ``(S (B, H, r, d), Z (B, H, r), m (B, H, 1))`` (:func:`init_linear_state`), S and Z in
+units of exp(m).  ``initial_state`` stands for keys before the first position (causal) or extra
+keys every query sees (bidirectional); ``final_state`` continues after the last one, so running
+a sequence in pieces, each from the previous piece's final state, equals running it at once
+(outputs and gradients: the chunked path back-propagates into ``initial_state`` and from
+``final_state``; m is a gauge and gets no gradient).  :func:`linear_attention` is the
+convenience front (``causal=...``, returns the output only).
 
 Key scales (why exponential features cannot underflow)
 -------------------------------------------------------
@@ -22,18 +35,21 @@ Exponential feature maps (FAVOR+, FAVOR++) hand over each key as ``k'_j exp(s_j)
 max_r k'_jr = 1 and the log-scale s_j (see feature_maps.py).  Attention is invariant to
 one common factor on all keys a query sees, so
 
-* bidirectional: every key is rescaled by exp(s_j - max_j s_j) (max over real keys);
-* causal: query i sees keys j <= i through the running maximum M_i = max_{j<=i} s_j:
+* bidirectional: every key is rescaled by exp(s_j - max_j s_j) (max over real keys and m);
+* causal: query i sees keys j <= i through the running maximum M_i = max(m, max_{j<=i} s_j):
   out_i = sum_{j<=i} exp(s_j - M_i) (q'_i.k'_j) v_j / (same with v = 1).
   All factors exp(s_j - M_i) are <= 1 and the largest visible key has weight 1, so nothing
   overflows and the dominant terms never underflow; M_i uses positions <= i only, so past
-  outputs do not depend on future keys.  Per chunk the state is kept in units of the chunk's
-  last M and rescaled when carried (online softmax's running-max trick, with a
-  monotone M no factor ever exceeds 1).  The recurrent state carries m = M_t.
+  outputs do not depend on future keys.  The carried state is kept in units of the previous
+  chunk's last M and rescaled when carried (online softmax's running-max trick: with a
+  monotone M no factor ever exceeds 1).  The factors are per position, computed for the whole
+  sequence in one pass over L (not L x r) and applied to the narrow side of each product
+  (v, g, outputs: width d + 1) rather than to the r-wide features.
 
 All state arithmetic runs in float32 with autocast disabled (float64 inputs stay float64);
 the output is returned in V's dtype.  A non-finite value at a padded position is zeroed; one
-at a future position never reaches past outputs (masks select, they do not multiply).
+at a future position never reaches past outputs (masks select, they do not multiply), nor past
+gradients of a loss that does not depend on it (a zero output gradient contributes exactly zero).
 """
 from __future__ import annotations
 
@@ -41,154 +57,9 @@ import torch
 import torch.nn.functional as F
 
 #: default chunk length of the causal path
-DEFAULT_CHUNK_SIZE = 128
+DEFAULT_CHUNK_SIZE = 64
 
-#: block length (in chunks) of the matmul-based prefix sums over chunks
-_SCAN_BLOCK = 32
-
-
-def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
-    """(G, L, f) -> (G, N, C, f), zero-padded at the end."""
-    pad = (-x.shape[1]) % C
-    if pad:
-        x = F.pad(x, (0, 0, 0, pad))
-    return x.reshape(x.shape[0], -1, C, x.shape[-1])
-
-
-def _chunks_of_scale(M: torch.Tensor, C: int) -> torch.Tensor:
-    """(G, L) running maxima -> (G, N, C), padded at the end with the last value (stays monotone)."""
-    pad = (-M.shape[1]) % C
-    if pad:
-        M = torch.cat([M, M[:, -1:].expand(-1, pad)], dim=1)
-    return M.reshape(M.shape[0], -1, C)
-
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """out[:, n] = sum_{m<n} x[:, m] along dim 1 of x (G, N, ...).
-
-    Computed as matmuls with a strictly lower-triangular 0/1 matrix inside blocks of 32
-    chunks, plus a small scan over block totals: on CPU this is several times faster than
-    ``torch.cumsum`` along a non-innermost dim, and far faster than a Python loop of small adds."""
-    G, N = x.shape[:2]
-    flat = x.reshape(G, N, -1)
-    nb = min(N, _SCAN_BLOCK)
-    pad = (-N) % nb
-    if pad:
-        flat = F.pad(flat, (0, 0, 0, pad))
-    Nb = flat.shape[1] // nb
-    blocks = flat.view(G * Nb, nb, -1)
-    T = torch.ones(nb, nb, dtype=x.dtype, device=x.device).tril(-1)
-    out = torch.matmul(T, blocks).view(G, Nb, nb, -1)
-    if Nb > 1:
-        totals = blocks.sum(1).view(G, Nb, -1)
-        offs = torch.zeros_like(totals)
-        offs[:, 1:] = totals.cumsum(1)[:, :-1]
-        out += offs.unsqueeze(2)
-    return out.view(G, Nb * nb, -1)[:, :N].reshape(x.shape)
-
-
-def _scaled_exclusive_cumsum(U: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """out[:, n] = sum_{p<n} U[:, p] exp(e_p - e_{n-1}) for U (G, N, ...) held in units exp(e_p),
-    e (G, N) non-decreasing; out[:, n] is in units exp(e_{n-1}) (out[:, 0] = 0).  Every factor
-    is <= 1.  Blocks of 32 chunks are one matmul with a masked decay matrix; a short loop over
-    blocks carries the running total."""
-    G, N = U.shape[:2]
-    flat = U.reshape(G, N, -1)
-    out = torch.empty_like(flat)
-    nb = min(N, _SCAN_BLOCK)
-    strict = torch.ones(nb, nb, dtype=torch.bool, device=U.device).tril(-1)
-    carry = carry_e = None
-    for s in range(0, N, nb):
-        t = min(nb, N - s)
-        eb = e[:, s:s + t]                                                 # (G, t)
-        first = eb[:, :1] if carry_e is None else carry_e
-        ref = torch.cat([first, eb[:, :-1]], dim=1)                        # e_{n-1} per row n
-        diff = (eb[:, None, :] - ref[:, :, None]).masked_fill(~strict[:t, :t], float("-inf"))
-        o = torch.bmm(diff.exp_(), flat[:, s:s + t])
-        if carry is not None:
-            o += carry[:, None] * torch.exp(carry_e - ref)[..., None]
-        out[:, s:s + t] = o
-        last = eb[:, -1:]
-        total = torch.bmm(torch.exp(eb - last)[:, None, :], flat[:, s:s + t])[:, 0]
-        carry = total if carry is None else carry * torch.exp(carry_e - last) + total
-        carry_e = last
-    return out.reshape(U.shape)
-
-
-def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Batched product of (G, N, i, j) @ (G, N, j, k) through 3-D bmm (no broadcasting copies)."""
-    G, N = a.shape[:2]
-    return torch.bmm(a.reshape(G * N, *a.shape[2:]), b.reshape(G * N, *b.shape[2:])).view(G, N, a.shape[2], b.shape[3])
-
-
-def _past_states(U: torch.Tensor, exclusive_scan) -> torch.Tensor:
-    """exclusive_scan(U) over chunk states U (G, N, r, f; overwritten), where a chunk with a non-finite entry
-    poisons (NaN) the states of later chunks only: the scan's masked matmuls would otherwise
-    meet its inf/NaN with zeros and carry NaN into earlier chunks.  (A sum per chunk detects
-    non-finite entries in one cheap pass.)"""
-    bad = ~torch.isfinite(U.sum(dim=(2, 3)))                           # (G, N)
-    S = exclusive_scan(U.masked_fill_(bad[..., None, None], 0.0))      # U is a temporary: in place
-    after_bad = (bad.cumsum(1) - bad.long()) > 0
-    return S.masked_fill_(after_bad[..., None, None], float("nan"))
-
-
-def _reverse(scan, x: torch.Tensor, *args) -> torch.Tensor:
-    """The reverse (sum over later chunks) of an exclusive scan, on the flipped chunk order."""
-    return scan(x.flip(1), *(a.flip(1) for a in args)).flip(1)
-
-
-class _Chunked:
-    """q, k (G, L, r) cut into chunks, with the key-scale factors of the causal path.
-
-    Key j's features are k_j exp(s_j); M_i = max_{j<=i} s_j.  Chunk n's state is kept in units
-    of e_end[n] (its last M) and read in units of e_prev[n] (the previous chunk's last M): key
-    rows carry k_factor = exp(s - e_end) and query rows q_factor = exp(e_prev - M), both <= 1,
-    and inside a chunk the scores carry decay[i, j] = exp(s_j - M_i) (j <= i, <= 1).  The
-    factors are per position, so they are applied to the narrow side of each product (v, g,
-    outputs: width e) rather than to the r-wide features.  Without s every factor is 1."""
-
-    def __init__(self, q, k, chunk_size: int, s):
-        L = q.shape[1]
-        self.C = C = max(1, min(int(chunk_size), L))
-        self.qc, self.kc = _chunks(q, C), _chunks(k, C)
-        self.causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        self.scaled = s is not None
-        if s is None:
-            return
-        Mc = _chunks_of_scale(torch.cummax(s, dim=1).values, C)         # (G, N, C)
-        sc = _chunks(s.unsqueeze(-1), C)[..., 0]                        # padding: k = 0 there anyway
-        self.e_end = Mc[..., -1]
-        self.e_prev = torch.cat([Mc[:, :1, 0], self.e_end[:, :-1]], dim=1)  # <= every M of chunk n
-        self.decay = (sc[..., None, :] - Mc[..., :, None]).masked_fill_(~self.causal, float("-inf")).exp_()
-        self.k_factor = torch.exp(sc - self.e_end[..., None]).unsqueeze(-1)
-        self.q_factor = torch.exp(self.e_prev[..., None] - Mc).unsqueeze(-1)
-
-    def key_rows(self, x):
-        """x (G, N, C, f) with key rows scaled by k_factor."""
-        return x * self.k_factor if self.scaled else x
-
-    def query_rows(self, x):
-        """x (G, N, C, f) with query rows scaled by q_factor."""
-        return x * self.q_factor if self.scaled else x
-
-    def scores(self, a, b):
-        """Intra-chunk tril((a b^T) * decay), masked by selection (0 * inf never happens)."""
-        s = _bmm(a, b.transpose(-1, -2))
-        if self.scaled:
-            s = s.mul_(self.decay)
-        return s.masked_fill_(~self.causal, 0.0)
-
-    def past(self, U, guard: bool = False):
-        """Exclusive (rescaled) prefix sum over chunks of per-chunk states U (G, N, r, f)."""
-        scan = _exclusive_cumsum if not self.scaled else (lambda x: _scaled_exclusive_cumsum(x, self.e_end))
-        return _past_states(U, scan) if guard else scan(U)
-
-    def future(self, W):
-        """Reverse exclusive (rescaled) sum over chunks of W (G, N, r, f) held in units exp(-e_prev):
-        R[n] = sum_{p>n} W[p] exp(e_end[n] - e_prev[p]), in units exp(-e_end[n])."""
-        if not self.scaled:
-            return _reverse(_exclusive_cumsum, W)
-        return _reverse(_scaled_exclusive_cumsum, W, -self.e_prev)
+LinearState = tuple  # (S (B, H, r, d), Z (B, H, r), m (B, H, 1))
 
 
 def _with_ones(x: torch.Tensor) -> torch.Tensor:
@@ -196,93 +67,272 @@ def _with_ones(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
 
 
-def causal_product_forward(q, k, v, chunk_size: int, scale: torch.Tensor | None = None):
-    """num_i = sum_{j<=i} exp(s_j - M_i) (q_i . k_j) v_j and den_i (the same with v = 1) for
-    q, k (G, L, r), v (G, L, e), key log-scales s = ``scale`` (G, L) or None (factors 1) and
-    their running maximum M_i = max_{j<=i} s_j.
+def _clamp(den: torch.Tensor, eps) -> torch.Tensor:
+    return torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
 
-    All chunks at once: per-chunk states k^T [v, 1], their exclusive (rescaled) prefix sum
-    over chunks, then out_c = q_c S_{<c} + A_c v_c with the masked intra-chunk scores A_c, each
-    a single batched matmul.  Returns num (G, L, e), den (G, L, 1) and the scores A
-    (G, N, C, C), which the backward reuses."""
+
+class _Scales:
+    """Per-position factors of the causal path for key log-scales s (G, L) and the state's m0 (G,).
+
+    M_i = max(m0, max_{j<=i} s_j).  Chunk n's carried state is in units of m_prev[n] (the previous
+    chunk's last M, m0 for the first) and leaves it in units of m_end[n]: query rows carry
+    q = exp(m_prev - M), key rows k = exp(s - m_end), the state carry = exp(m_prev - m_end), and
+    inside a chunk the scores carry decay[i, j] = exp(s_j - M_i) (j <= i); all <= 1."""
+
+    def __init__(self, s: torch.Tensor, m0: torch.Tensor | None, C: int):
+        G, L = s.shape
+        self.s = s
+        self.M = torch.cummax(s if m0 is None else torch.maximum(s, m0[:, None]), dim=1).values
+        ends = torch.arange(C - 1, L + C - 1, C, device=s.device).clamp_max_(L - 1)
+        m_end = self.M[:, ends]                                             # (G, N)
+        m_prev = torch.cat([self.M[:, :1] if m0 is None else m0[:, None], m_end[:, :-1]], dim=1)
+        per_pos = lambda x: x.repeat_interleave(C, dim=1)[:, :L]            # noqa: E731
+        self.q = torch.exp(per_pos(m_prev) - self.M).unsqueeze(-1)          # (G, L, 1)
+        self.k = torch.exp(s - per_pos(m_end)).unsqueeze(-1)
+        self.carry = torch.exp(m_prev - m_end)[..., None, None]             # (G, N, 1, 1)
+        self.m_final = m_end[:, -1]
+
+    def decay(self, a: int, b: int, upper: torch.Tensor) -> torch.Tensor:
+        return (self.s[:, None, a:b] - self.M[:, a:b, None]).masked_fill_(upper, float("-inf")).exp_()
+
+
+def _chunk_scores(x, y, sc, a, b, upper):
+    """tril((x y^T) * decay) of one chunk, (G, c, c), masked by selection (0 * inf never happens)."""
+    A = torch.bmm(x, y.transpose(1, 2))
+    if sc is not None:
+        A.mul_(sc.decay(a, b, upper))
+    return A.masked_fill_(upper, 0.0)
+
+
+def _spans(L: int, C: int):
+    return [(n, a, min(a + C, L)) for n, a in enumerate(range(0, L, C))]
+
+
+def causal_forward(q, k, v1, sc: _Scales | None, C: int, S: torch.Tensor):
+    """[num, den] (G, L, e + 1) of the causal product for q, k (G, L, r), v1 = [v, 1] (G, L, e + 1)
+    and the state S (G, r, e + 1) of earlier keys; returns them, the intra-chunk scores (a list of
+    (G, c, c)) and the final state.  Products write into their slices of the outputs (out=)."""
     G, L, _ = q.shape
-    e = v.shape[-1]
-    ch = _Chunked(q, k, chunk_size, scale)
-    vc = _chunks(v, ch.C)
-    A = ch.scores(ch.qc, ch.kc)
-    U = _bmm(ch.kc.transpose(-1, -2), ch.key_rows(_with_ones(vc)))      # (G, N, r, e + 1)
-    inter = ch.query_rows(_bmm(ch.qc, ch.past(U, guard=True)))
-    # a non-finite value must not meet the zeros of the mask in the product: set it aside and
-    # poison the rows at and after it instead
-    bad = ~torch.isfinite(vc.sum(-1, keepdim=True))                     # (G, N, C, 1)
-    num = inter[..., :e] + _bmm(A, vc.masked_fill(bad, 0.0))
-    num = num.masked_fill(bad.cumsum(2) > 0, float("nan"))
-    den = inter[..., e:] + A.sum(-1, keepdim=True)
-    return num.reshape(G, -1, e)[:, :L], den.reshape(G, -1, 1)[:, :L], A
+    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu_(1)
+    # a non-finite value must not meet the zeros of the mask in A @ v: set it aside and poison
+    # the rows at and after it in its chunk instead (later chunks get it through the state)
+    bad = ~torch.isfinite(v1.sum(-1))                                   # (G, L)
+    v1_safe = v1.masked_fill(bad.unsqueeze(-1), 0.0)
+    kv1 = v1 if sc is None else v1 * sc.k
+    out = torch.empty_like(v1)
+    scores = []
+    for n, a, b in _spans(L, C):
+        qc, kc = q[:, a:b], k[:, a:b]
+        A = _chunk_scores(qc, kc, sc, a, b, upper[:b - a, :b - a])
+        scores.append(A)
+        o = torch.bmm(qc, S, out=out[:, a:b])
+        if sc is not None:
+            o.mul_(sc.q[:, a:b])
+        o.baddbmm_(A, v1_safe[:, a:b])
+        S = torch.baddbmm(S if sc is None else S * sc.carry[:, n], kc.transpose(1, 2), kv1[:, a:b])
+    N = len(scores)
+    poison = F.pad(bad, (0, N * C - L)).view(G, N, C).cumsum(2).view(G, -1)[:, :L] > 0
+    out[..., :-1].masked_fill_(poison.unsqueeze(-1), float("nan"))
+    return out, scores, S
 
 
-def causal_product_backward(q, k, v, g_num, g_den, chunk_size: int, scale=None, A=None):
-    """Gradients w.r.t. q, k, v of (num, den) = causal_product_forward(q, k, v) given g_num
-    (G, L, e) and g_den (G, L, 1).  With v1 = [v, 1], g1 = [g_num, g_den], D the decays:
-
-        dQ_i = sum_{j<=i} D_ij (g1_i . v1_j) k_j    forward prefix sums of k v1^T
-        dK_j = sum_{i>=j} D_ij (g1_i . v1_j) q_i    reverse prefix sums of q g1^T
-        dV_j = sum_{i>=j} D_ij (q_i . k_j) g_i      the same reverse sums
-    """
-    G, L, r = q.shape
-    e = v.shape[-1]
-    ch = _Chunked(q, k, chunk_size, scale)
-    v1c = _chunks(_with_ones(v), ch.C)
-    g1c = _chunks(torch.cat([g_num, g_den], dim=-1), ch.C)
-    Mx = ch.scores(g1c, v1c)                                            # D_ij (g1_i . v1_j)
-    v1k, g1q = ch.key_rows(v1c), ch.query_rows(g1c)
-    S = ch.past(_bmm(ch.kc.transpose(-1, -2), v1k))                     # (G, N, r, e + 1)
-    dq = _bmm(g1q, S.transpose(-1, -2)).add_(_bmm(Mx, ch.kc))
-    del S
-    R = ch.future(_bmm(ch.qc.transpose(-1, -2), g1q))                   # (G, N, r, e + 1)
-    dk = _bmm(v1k, R.transpose(-1, -2)).add_(_bmm(Mx.transpose(-1, -2), ch.qc))
-    del Mx
-    A = ch.scores(ch.qc, ch.kc) if A is None else A
-    dv = ch.key_rows(_bmm(ch.kc, R[..., :e])).add_(_bmm(A.transpose(-1, -2), g1c[..., :e]))
-    return dq.reshape(G, -1, r)[:, :L], dk.reshape(G, -1, r)[:, :L], dv.reshape(G, -1, e)[:, :L]
+def causal_backward(q, k, v1, g1, scores, sc: _Scales | None, C: int, S0, dS_final):
+    """Gradients of causal_forward's [num, den] w.r.t. q, k, v and the initial state, given
+    g1 = [g_num, g_den] (G, L, e + 1) and the final state's gradient (or None)."""
+    L, e = q.shape[1], v1.shape[-1] - 1
+    upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu_(1)
+    kv1 = v1 if sc is None else v1 * sc.k
+    g1q = g1 if sc is None else g1 * sc.q
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v1[..., :e])
+    spans, Mx, S = _spans(L, C), [], S0                                 # Mx: decay_ij (g1_i . v1_j)
+    for n, a, b in spans:
+        kc = k[:, a:b]
+        Mx.append(_chunk_scores(g1[:, a:b], v1[:, a:b], sc, a, b, upper[:b - a, :b - a]))
+        torch.bmm(Mx[-1], kc, out=dq[:, a:b]).baddbmm_(g1q[:, a:b], S.transpose(1, 2))
+        S = torch.baddbmm(S if sc is None else S * sc.carry[:, n], kc.transpose(1, 2), kv1[:, a:b])
+    R = torch.zeros_like(S0) if dS_final is None else dS_final.to(S0.dtype)
+    for n, a, b in reversed(spans):
+        qc = q[:, a:b]
+        torch.bmm(Mx[n].transpose(1, 2), qc, out=dk[:, a:b]).baddbmm_(kv1[:, a:b], R.transpose(1, 2))
+        o = torch.bmm(k[:, a:b], R[..., :e], out=dv[:, a:b])
+        if sc is not None:
+            o.mul_(sc.k[:, a:b])
+        o.baddbmm_(scores[n].transpose(1, 2), g1[:, a:b, :e])
+        R = torch.baddbmm(R if sc is None else R * sc.carry[:, n], qc.transpose(1, 2), g1q[:, a:b])
+    return dq, dk, dv, R
 
 
 class CausalLinearAttention(torch.autograd.Function):
     """out_i = num_i / max(den_i, eps), the causal linear attention above, with a backward that
-    recomputes the states.  Inputs q, k (G, L, r), v (G, L, e), key log-scales (G, L) or None, eps a
-    float or a (G, L, 1) tensor (treated as a constant).  Saves q, k, v, s, the intra-chunk
-    scores, the output and the normalizer: O(L (r + e + C)) per head, never a state per position."""
+    recomputes the states.  Inputs q, k (G, L, r), v (G, L, e), key log-scales (G, L) or None,
+    eps a float or a (G, L, 1) tensor (a constant), the chunk length, and optionally the state
+    of earlier keys: S0 = [S, Z] (G, r, e + 1) in units exp(m0), m0 (G,).  Returns the output
+    (G, L, e), the final [S, Z] (G, r, e + 1) and its m (G,; not differentiable).  Saves q, k, v,
+    s, the intra-chunk scores, the output and the normalizer: O(L (r + e + C)) per row."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, eps, chunk_size):
+    def forward(ctx, q, k, v, scale, eps, chunk_size, S0=None, m0=None):
+        G, L, r = q.shape
+        C = max(1, min(int(chunk_size), L))
         with torch.autocast(q.device.type, enabled=False):
-            num, den, A = causal_product_forward(q, k, v, chunk_size, scale)
-            den_c = torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
+            S0_ = q.new_zeros(G, r, v.shape[-1] + 1) if S0 is None else S0
+            sc = None if scale is None else _Scales(scale, m0, C)
+            nd, scores, S = causal_forward(q, k, _with_ones(v), sc, C, S0_)
+            num, den = nd[..., :-1], nd[..., -1:]
+            den_c = _clamp(den, eps)
             out = num / den_c
-        ctx.save_for_backward(q, k, v, scale, A, out, den_c, den_c > den)
-        ctx.chunk_size = chunk_size
-        return out
+        if sc is not None:
+            m = sc.m_final
+        else:
+            m = q.new_full((G,), torch.finfo(q.dtype).min) if m0 is None else m0.clone()
+        ctx.mark_non_differentiable(m)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, scale, out, den_c, den_c > den, S0_, m0)
+        ctx.chunk_size, ctx.scores = C, scores
+        return out, S, m
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        q, k, v, scale, A, out, den_c, clamped = ctx.saved_tensors
+    def backward(ctx, g, dS, _dm):
+        q, k, v, scale, out, den_c, clamped, S0, m0 = ctx.saved_tensors
+        scores = ctx.scores
+        need = ctx.needs_input_grad + (False,) * 2                      # S0 and m0 may not be passed
         with torch.autocast(q.device.type, enabled=False):  # backward may run inside an autocast region
-            g = g.to(q.dtype)
+            g = torch.zeros_like(out) if g is None else g.to(q.dtype)
             g_num = g / den_c
-            g_den = (-(g * out).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
-            dq, dk, dv = causal_product_backward(q, k, v, g_num, g_den, ctx.chunk_size, scale, A)
+            # a zero gradient contributes zero even where the output is infinite (no 0 * inf)
+            g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
+            sc = None if scale is None else _Scales(scale, m0, ctx.chunk_size)
+            dq, dk, dv, dS0 = causal_backward(q, k, _with_ones(v), torch.cat([g_num, g_den], dim=-1), scores, sc,
+                                              ctx.chunk_size, S0, dS)
             # key j enters as k_j exp(s_j) (the running maxima cancel): dL/ds_j = sum_r dL/dk_jr k_jr
-            ds = (dk * k).sum(-1) if ctx.needs_input_grad[3] else None
-        return dq, dk, dv, ds, None, None
+            ds = (dk * k).sum(-1) if need[3] else None
+            # S0 enters as S0 exp(m0)
+            dm0 = (dS0 * S0).sum((1, 2)) if need[7] and scale is not None else None
+        return dq, dk, dv, ds, None, None, dS0 if need[6] else None, dm0
 
 
-def causal_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE):
-    """Unnormalized causal linear attention sum_{j<=i} (q_i.k_j) v_j for (..., L, r/e) tensors
-    (forward only; training goes through :func:`linear_attention`)."""
-    lead, L = q.shape[:-2], q.shape[-2]
-    q3, k3, v3 = (t.reshape(-1, L, t.shape[-1]) for t in (q, k, v))
-    return causal_product_forward(q3, k3, v3, int(chunk_size))[0].reshape(*lead, L, v.shape[-1])
+# ----------------------------------------------------------------------------- public paths
+def init_linear_state(batch: int, heads: int, r: int, d: int, device=None, dtype=torch.float32) -> LinearState:
+    """Empty state: S (B, H, r, d), Z (B, H, r) and the running key log-scale m (B, H, 1)."""
+    return (torch.zeros(batch, heads, r, d, device=device, dtype=dtype),
+            torch.zeros(batch, heads, r, device=device, dtype=dtype),
+            torch.full((batch, heads, 1), torch.finfo(dtype).min, device=device, dtype=dtype))
+
+
+def _prepare(q, k, v, k_log_scale, eps, key_padding_mask, initial_state):
+    """Common input handling: compute dtype, key scales (B, H, L), padding, eps."""
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    if initial_state is not None:
+        dtype = torch.promote_types(dtype, initial_state[0].dtype)
+    B, H, L, _ = q.shape
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    s = None if k_log_scale is None else k_log_scale.to(dtype).reshape(B, H, L)
+    if key_padding_mask is not None:
+        pad = key_padding_mask.bool()[:, None, :]
+        k = k.masked_fill(pad[..., None], 0.0)
+        v = v.masked_fill(pad[..., None], 0.0)
+        if s is not None:
+            s = s.masked_fill(pad, torch.finfo(dtype).min)
+    eps = torch.finfo(dtype).tiny if eps is None else eps
+    if isinstance(eps, torch.Tensor):
+        eps = eps.to(dtype)
+    return q, k, v, s, eps, dtype
+
+
+def chunk_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                           k_log_scale: torch.Tensor | None = None, eps: float | torch.Tensor | None = None,
+                           key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None,
+                           initial_state: LinearState | None = None, output_final_state: bool = False):
+    """Causal linear attention, chunked: q, k (B, H, L, r) features, v (B, H, L, d) ->
+    (out (B, H, L, d) in v's dtype, final state or None).  Arguments as :func:`linear_attention`;
+    ``initial_state`` (S, Z, m) stands for the keys before position 0."""
+    out_dtype = v.dtype
+    B, H, L, r = q.shape
+    d = v.shape[-1]
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, s, eps, dtype = _prepare(q, k, v, k_log_scale, eps, key_padding_mask, initial_state)
+        if isinstance(eps, torch.Tensor):
+            eps = eps.expand(B, H, L, 1).reshape(B * H, L, 1)
+        S0 = m0 = None
+        if initial_state is not None:
+            S, Z, m = initial_state
+            S0 = torch.cat([S, Z.unsqueeze(-1)], dim=-1).to(dtype).reshape(B * H, r, d + 1)
+            m0 = m.to(dtype).reshape(B * H)
+        out, SZ, m = CausalLinearAttention.apply(
+            q.reshape(B * H, L, r), k.reshape(B * H, L, r), v.reshape(B * H, L, d),
+            None if s is None else s.reshape(B * H, L), eps, int(chunk_size or DEFAULT_CHUNK_SIZE), S0, m0)
+        out = out.view(B, H, L, d).to(out_dtype)
+    if not output_final_state:
+        return out, None
+    SZ = SZ.view(B, H, r, d + 1)
+    return out, (SZ[..., :d], SZ[..., d], m.view(B, H, 1))
+
+
+def bidirectional_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                   k_log_scale: torch.Tensor | None = None, eps: float | torch.Tensor | None = None,
+                                   key_padding_mask: torch.Tensor | None = None,
+                                   initial_state: LinearState | None = None, output_final_state: bool = False):
+    """Every query sees every (real) key: q, k (B, H, L, r), v (B, H, L, d) -> (out, final state
+    or None); ``initial_state`` holds extra keys every query sees, the final state all of them."""
+    out_dtype = v.dtype
+    d = v.shape[-1]
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, s, eps, dtype = _prepare(q, k, v, k_log_scale, eps, key_padding_mask, initial_state)
+        v1 = _with_ones(v)                    # [S | Z] = K'^T [v, 1], the key scales on the narrow rows
+        m = None if initial_state is None else initial_state[2].to(dtype)
+        if s is not None:
+            M = s.detach().amax(-1, keepdim=True)
+            M = M if m is None else torch.maximum(M, m)
+            v1 = v1 * torch.exp(s.unsqueeze(-1) - M.unsqueeze(-1))
+        SZ = k.transpose(-1, -2) @ v1                                   # (B, H, r, d + 1)
+        if initial_state is not None:
+            S0 = torch.cat([initial_state[0], initial_state[1].unsqueeze(-1)], dim=-1).to(dtype)
+            SZ = SZ + (S0 if s is None else S0 * torch.exp(m - M).unsqueeze(-1))
+        if s is not None:
+            m = M
+        nd = q @ SZ
+        out = (nd[..., :-1] / _clamp(nd[..., -1:], eps)).to(out_dtype)
+    if not output_final_state:
+        return out, None
+    if m is None:
+        m = torch.full((*q.shape[:2], 1), torch.finfo(dtype).min, device=q.device, dtype=dtype)
+    return out, (SZ[..., :d], SZ[..., d], m)
+
+
+def recurrent_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                               k_log_scale: torch.Tensor | None = None, eps: float | torch.Tensor | None = None,
+                               initial_state: LinearState | None = None, output_final_state: bool = False):
+    """Causal linear attention position by position (decoding; plain autograd): q, k (B, H, T, r),
+    v (B, H, T, d), k_log_scale (B, H, T, 1), eps a float or (B, H, T, 1) -> (out (B, H, T, d),
+    final state or None).  Cost and memory per position do not grow with the position; the state
+    is float32 (float64 inputs: float64)."""
+    B, H, T, r = q.shape
+    if initial_state is None:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+        initial_state = init_linear_state(B, H, r, v.shape[-1], q.device, dtype)
+    S, Z, m = initial_state
+    dtype = S.dtype
+    eps = torch.finfo(dtype).tiny if eps is None else eps
+    outs = []
+    with torch.autocast(q.device.type, enabled=False):
+        qf, kf, vf = q.to(dtype), k.to(dtype), v.to(dtype)
+        for t in range(T):
+            kt = kf[:, :, t]
+            if k_log_scale is not None:
+                s = k_log_scale[:, :, t].to(dtype)
+                new_m = torch.maximum(m, s)
+                decay = torch.exp(m - new_m)
+                S, Z, m = S * decay.unsqueeze(-1), Z * decay, new_m
+                kt = kt * torch.exp(s - new_m)
+            S = S + kt.unsqueeze(-1) * vf[:, :, t].unsqueeze(-2)
+            Z = Z + kt
+            num = (qf[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
+            den = (qf[:, :, t] * Z).sum(-1, keepdim=True)
+            e = eps[:, :, t].to(dtype) if isinstance(eps, torch.Tensor) else eps
+            outs.append(num / _clamp(den, e))
+    out = torch.stack(outs, dim=2).to(v.dtype)
+    return out, ((S, Z, m) if output_final_state else None)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -294,74 +344,12 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     key_padding_mask: bool (B, L), True = padding (as in ``nn.MultiheadAttention``); padded
     keys and values are removed from the numerator and the normalizer.  Outputs at padded
     query positions are meaningless.  chunk_size: chunk length of the causal path (default
-    128).  eps: lower clamp of the normalizer, a float or a tensor broadcastable to
+    64).  eps: lower clamp of the normalizer, a float or a tensor broadcastable to
     (B, H, L, 1) (default: smallest normal float).  k_log_scale (B, H, L, 1) or (B, H, L):
-    key j's features are k[j] * exp(k_log_scale[j]) (see the module docstring).
+    key j's features are k[j] * exp(k_log_scale[j]) (see the module docstring).  The paths
+    with states: :func:`chunk_linear_attention`, :func:`bidirectional_linear_attention`.
     """
-    out_dtype = v.dtype
-    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
-    B, H, L, _ = q.shape
-    with torch.autocast(q.device.type, enabled=False):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        s = None if k_log_scale is None else k_log_scale.to(dtype).reshape(B, H, L)
-        if key_padding_mask is not None:
-            pad = key_padding_mask.bool()[:, None, :]
-            k = k.masked_fill(pad[..., None], 0.0)
-            v = v.masked_fill(pad[..., None], 0.0)
-            if s is not None:
-                s = s.masked_fill(pad, torch.finfo(dtype).min)
-        eps = torch.finfo(dtype).tiny if eps is None else eps
-        if isinstance(eps, torch.Tensor):
-            eps = eps.to(dtype)
-        if causal:
-            if isinstance(eps, torch.Tensor):
-                eps = eps.expand(B, H, L, 1).reshape(B * H, L, 1)
-            out = CausalLinearAttention.apply(q.reshape(B * H, L, -1), k.reshape(B * H, L, -1),
-                                              v.reshape(B * H, L, -1), None if s is None else s.reshape(B * H, L),
-                                              eps, int(chunk_size or DEFAULT_CHUNK_SIZE))
-            out = out.view(B, H, L, -1)
-        else:  # [S | Z] = K'^T [v, 1], the key scales applied to the narrow [v, 1] rows
-            v1 = _with_ones(v)
-            if s is not None:
-                v1 = v1 * torch.exp(s - s.detach().amax(-1, keepdim=True)).unsqueeze(-1)
-            nd = q @ (k.transpose(-1, -2) @ v1)                         # (B, H, L, r) @ (B, H, r, d + 1)
-            num, den = nd[..., :-1], nd[..., -1:]
-            den = torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
-            out = num / den
-    return out.to(out_dtype)
-
-
-def init_linear_state(batch: int, heads: int, r: int, d: int, device=None, dtype=torch.float32):
-    """Empty recurrent state: S (B, H, r, d), Z (B, H, r) and the running key log-scale m (B, H, 1)."""
-    return (torch.zeros(batch, heads, r, d, device=device, dtype=dtype),
-            torch.zeros(batch, heads, r, device=device, dtype=dtype),
-            torch.full((batch, heads, 1), torch.finfo(dtype).min, device=device, dtype=dtype))
-
-
-def linear_attention_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple,
-                          eps: float | torch.Tensor | None = None, k_log_scale: torch.Tensor | None = None):
-    """Recurrent causal linear attention for one position.
-
-    q, k: (B, H, r) feature-mapped; v: (B, H, d); state (S, Z, m) in float32 (or float64);
-    k_log_scale (B, H, 1): the key's features are k exp(k_log_scale) (S and Z are kept in units
-    of exp(m), m the running maximum, as the parallel path does).  Returns (out (B, H, d) in v's
-    dtype, new state).  Cost and memory do not grow with position.
-    """
-    S, Z, m = state
-    dtype = S.dtype
-    with torch.autocast(q.device.type, enabled=False):
-        qf, kf, vf = q.to(dtype), k.to(dtype), v.to(dtype)
-        if k_log_scale is not None:
-            s = k_log_scale.to(dtype)
-            new_m = torch.maximum(m, s)
-            decay = torch.exp(m - new_m)
-            S, Z, m = S * decay.unsqueeze(-1), Z * decay, new_m
-            kf = kf * torch.exp(s - new_m)
-        S = S + kf.unsqueeze(-1) * vf.unsqueeze(-2)
-        Z = Z + kf
-        num = (qf.unsqueeze(-2) @ S).squeeze(-2)
-        den = (qf * Z).sum(-1, keepdim=True)
-        eps = torch.finfo(dtype).tiny if eps is None else eps
-        den = torch.maximum(den, eps.to(dtype)) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
-        out = num / den
-    return out.to(v.dtype), (S, Z, m)
+    kw = dict(k_log_scale=k_log_scale, eps=eps, key_padding_mask=key_padding_mask)
+    if causal:
+        return chunk_linear_attention(q, k, v, chunk_size=chunk_size, **kw)[0]
+    return bidirectional_linear_attention(q, k, v, **kw)[0]
