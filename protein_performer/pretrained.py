@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .attention.feature_maps import REGISTRY, is_random
 from .device import resolve_device
 from .errors import UserError, one_line
 from .files import WrittenFiles, remove_path
@@ -358,10 +359,7 @@ def _package_version() -> str | None:
 
 
 # --- model card -------------------------------------------------------------------------------
-KERNEL_NAMES = {"softmax": "FAVOR+ (positive orthogonal random features for the softmax kernel)",
-                "favor++": "FAVOR++ (optimal positive random features)",
-                "relu": "generalized ReLU kernel (Performer)", "trig": "trigonometric random features",
-                "elu": "elu(x) + 1 (linear transformer)", "exact": "exact softmax attention (baseline)"}
+
 
 
 def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | None, metrics: dict | None) -> str:
@@ -371,8 +369,8 @@ def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | N
     arch, auto = ARCHITECTURES[obj]
     n_params = sum(p.numel() for p in model.parameters())
     n_buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
-    kernel = KERNEL_NAMES.get(att["kernel"], att["kernel"])
-    random = att["kernel"] in ("softmax", "favor++", "trig") or (att["kernel"] == "relu" and att["relu_projection"])
+    kernel = REGISTRY[att["kernel"]].label if att["kernel"] in REGISTRY else att["kernel"]
+    random = att["kernel"] in REGISTRY and is_random(att["kernel"], att["relu_projection"])
     features = f", {att['nb_features']} random features per head" if random else ""
     kind = "masked-language-model (bidirectional)" if obj == "mlm" else "autoregressive (causal)"
     data = _training_data(run)

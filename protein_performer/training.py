@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
-from .attention.feature_maps import TRIG_REFUSAL
+from .attention.feature_maps import REGISTRY
 from .errors import UserError, first_line
 from .files import atomic_path
 from .model import ModelConfig
@@ -70,8 +70,9 @@ def check_settings(cfg: DictConfig) -> None:
     """The model, objective and optimiser settings, before the input is read or a file written."""
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     ModelConfig.from_dict(model_cfg, causal=cfg.objective.name == "clm")
-    if (model_cfg.get("attention") or {}).get("kernel") == "trig":
-        raise UserError(TRIG_REFUSAL)
+    refusal = REGISTRY[(model_cfg.get("attention") or {}).get("kernel", "softmax")].training_refusal
+    if refusal:
+        raise UserError(refusal)
     check_objective(cfg.objective.name)
     o = cfg.optim
     if not (isinstance(o.lr, (int, float)) and o.lr > 0):

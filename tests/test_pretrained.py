@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from protein_performer.errors import UserError
 from protein_performer.io import read_records
+from protein_performer.attention.feature_maps import REGISTRY
 from protein_performer.pretrained import export, is_pretrained_dir, load_pretrained
 from protein_performer.tasks import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import Tokenizer
@@ -26,7 +27,7 @@ from conftest import ROOT
 TOK = Tokenizer()
 FREQS = [0.0] * 5 + [0.08, 0.01, 0.05, 0.07, 0.04, 0.07, 0.02, 0.06, 0.06, 0.1, 0.02, 0.04, 0.05, 0.04, 0.05,
                      0.07, 0.05, 0.07, 0.01, 0.04] + [0.0] * 5
-KERNELS = ("softmax", "favor++", "relu", "trig", "elu", "exact")
+KERNELS = tuple(REGISTRY)  # every kernel of the registry exports and loads
 pytestmark = pytest.mark.filterwarnings("ignore:attention kernel 'trig'")
 
 
@@ -127,7 +128,7 @@ def test_config_json_holds_the_model_settings(exported):
         "causal": False, "position": "rotary", "max_positions": 64, "tokenizer_version": 1, "global_step": 37}
     # the settings given, and the defaults they relied on written out
     assert config["attention"] == {"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 1000,
-                                   "orthogonal": True, "relu_projection": True}
+                                   "orthogonal": True, "relu_projection": True, "run_seed": 0}
     assert config["aa_frequencies"] == FREQS
     assert (out / "vocab.txt").read_text().split() == list(TOK.tokens)
     assert is_pretrained_dir(out) and not is_pretrained_dir(ckpt) and not is_pretrained_dir(out.parent)
@@ -414,3 +415,14 @@ def test_transformers_opens_the_directory_to_the_same_logits(exported, transform
 def test_transformers_refuses_the_other_objective_in_one_line(exported, transformers):
     with pytest.raises(ValueError, match="this is a clm model: open it with AutoModelForCausalLM"):
         transformers.AutoModelForMaskedLM.from_pretrained(exported("softmax", "clm")[1], trust_remote_code=True)
+
+
+def test_transformers_code_knows_every_registered_kernel():
+    """The exported code is self-contained (no protein_performer import), so its kernel list is a copy:
+    it must equal the registry's linear kernels."""
+    import ast
+    tree = ast.parse((ROOT / "protein_performer" / "hf_code" / "modeling_protein_performer.py").read_text())
+    listed = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and getattr(n.targets[0], "id", None) == "LINEAR_KERNELS")
+    assert set(listed) == {k for k, spec in REGISTRY.items() if spec.build is not None}
+    assert "exact" in REGISTRY and REGISTRY["exact"].build is None

@@ -71,7 +71,7 @@ so both sides are shifted by a constant *before* the exponential, never by an ep
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -416,25 +416,49 @@ def distill(fm: FeatureMap, batches, steps: int = 200, lr: float = 1e-2) -> list
     return losses
 
 
-KERNELS = ("softmax", "favor++", "relu", "trig", "elu", "hedgehog", "exact")
+class Kernel(NamedTuple):
+    """What the rest of the project knows about one attention kernel (the registry's entry)."""
+    label: str                      # how docs and model cards name it
+    build: Callable | None          # (head_dim, nb_features, orthogonal, generator, heads, relu_projection) -> map
+    random: bool                    # draws a random projection (redrawn / seeded / exported as a buffer)
+    approximates_softmax: bool      # an estimator of exp(q.k / sqrt(d)) (fidelity is measured against softmax)
+    training_refusal: str | None = None  # why training with it is refused, or None
+
+
+#: The one registry of attention kernels: config name -> entry. The config key "softmax" means FAVOR+
+#: (positive orthogonal random features for the softmax kernel), kept for old configs and checkpoints.
+REGISTRY: dict[str, Kernel] = {
+    "softmax": Kernel("FAVOR+ (positive orthogonal random features for the softmax kernel)",
+                      lambda d, r, o, g, h, rp: FavorPlus(d, r, o, g), random=True, approximates_softmax=True),
+    "favor++": Kernel("FAVOR++ (optimal positive random features)",
+                      lambda d, r, o, g, h, rp: FavorPlusPlus(d, r, o, g, heads=h), random=True,
+                      approximates_softmax=True),
+    "relu": Kernel("generalized ReLU kernel (Performer)",
+                   lambda d, r, o, g, h, rp: ReluFeatures(d, r, o, g, projection=rp), random=True,
+                   approximates_softmax=False),
+    "trig": Kernel("trigonometric random features", lambda d, r, o, g, h, rp: TrigFeatures(d, r, o, g),
+                   random=True, approximates_softmax=True,
+                   training_refusal=TRIG_REFUSAL),
+    "elu": Kernel("elu(x) + 1 (linear transformer)", lambda d, r, o, g, h, rp: EluFeatures(d), random=False,
+                  approximates_softmax=False),
+    "hedgehog": Kernel("Hedgehog (learned feature map that mimics softmax)",
+                       lambda d, r, o, g, h, rp: HedgehogFeatures(d, r, h, g), random=False,
+                       approximates_softmax=True),
+    "exact": Kernel("exact softmax attention (baseline)", None, random=False, approximates_softmax=False),
+}
+KERNELS = tuple(REGISTRY)
+
+
+def is_random(kernel: str, relu_projection: bool = True) -> bool:
+    """Whether the kernel's map holds a random projection (ReLU only with ``relu_projection``)."""
+    return REGISTRY[kernel].random and (kernel != "relu" or relu_projection)
 
 
 def build_feature_map(kernel: str, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
                       generator: torch.Generator | None = None, heads: int = 1,
                       relu_projection: bool = True) -> FeatureMap | None:
     """Feature map for a kernel name; None for "exact" (softmax attention through SDPA)."""
-    if kernel == "softmax":
-        return FavorPlus(head_dim, nb_features, orthogonal, generator)
-    if kernel == "favor++":
-        return FavorPlusPlus(head_dim, nb_features, orthogonal, generator, heads=heads)
-    if kernel == "trig":
-        return TrigFeatures(head_dim, nb_features, orthogonal, generator)
-    if kernel == "relu":
-        return ReluFeatures(head_dim, nb_features, orthogonal, generator, projection=relu_projection)
-    if kernel == "elu":
-        return EluFeatures(head_dim)
-    if kernel == "hedgehog":
-        return HedgehogFeatures(head_dim, nb_features, heads, generator)
-    if kernel == "exact":
-        return None
-    raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if kernel not in REGISTRY:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    build = REGISTRY[kernel].build
+    return None if build is None else build(head_dim, nb_features, orthogonal, generator, heads, relu_projection)

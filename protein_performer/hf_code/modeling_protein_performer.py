@@ -11,7 +11,7 @@ and ``PerformerLM`` forward passes, written for reading rather than speed:
                                                   ProteinPerformerFor{MaskedLM,CausalLM}
 
 Attention is exact softmax (SDPA) or linear attention phi(q) (phi(K)^T [V, 1]) through the
-kernel's feature map phi ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu"). The random
+kernel's feature map phi ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu", "hedgehog"). The random
 projections and FAVOR++'s rho are buffers loaded from model.safetensors; nothing is
 redrawn or updated here (no training-time redraws), so the model computes what the exported
 one computed. The causal path walks the sequence chunk by chunk carrying the state
@@ -31,7 +31,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Maske
 
 from .configuration_protein_performer import ProteinPerformerConfig
 
-LINEAR_KERNELS = ("softmax", "favor++", "relu", "trig", "elu")
+LINEAR_KERNELS = ("softmax", "favor++", "relu", "trig", "elu", "hedgehog")  # = protein-performer's registry (tested)
 RELU_EPS = 1e-3         # added to ReLU features
 TRIG_FLOOR = 1e-6       # trig normalizer floor, relative to its bound
 TRIG_MAX_LOG_SCALE = 40.0
@@ -68,12 +68,18 @@ class FeatureMap(nn.Module):
         if kernel == "favor++":
             self.register_buffer("rho", torch.zeros(heads))
             self.register_buffer("rho_updates", torch.zeros((), dtype=torch.long))
+        if kernel == "hedgehog":  # learned per-head map, loaded from model.safetensors
+            self.weight = nn.Parameter(torch.zeros(heads, head_dim, nb_features // 2))
+            self.bias = nn.Parameter(torch.zeros(heads, 1, nb_features // 2))
 
     def forward(self, x, is_query):
         """Raw (rotated) q or k (B, H, L, d), float32 -> (features (B, H, L, r), log-scale (B, H, L, 1) or None)."""
         d = self.head_dim
         if self.kernel == "elu":
             return F.elu(x) + 1, None
+        if self.kernel == "hedgehog":  # [softmax(W x + b), softmax(-W x - b)] per head
+            u = x @ self.weight.to(x.dtype) + self.bias.to(x.dtype)
+            return torch.cat([torch.softmax(u, -1), torch.softmax(-u, -1)], dim=-1), None
         if self.kernel == "relu":
             u = x @ (self.projection.to(x.dtype) * d ** -0.25).T if self.relu_projection else x * d ** -0.25
             return u.clamp_min(0) + RELU_EPS, None
