@@ -17,6 +17,7 @@ import io
 import logging
 import math
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import UserError
+from .errors import UserError, first_line
 from .files import WrittenFiles, atomic_path, exclusive_lock, refuse_overlap, write_json, write_text
 from .heads import AttentionPoolingHead, SequenceClassificationHead, TokenClassificationHead, residue_mask
 from .io import _lines, read_fasta
@@ -377,35 +378,39 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = {s: Encoded([tokens[i] for i in idx], [targets[i] for i in idx]) for s, idx in part.items()}
 
-    with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}"):
-        module = _lightning_module(net, lr, head_lr, weight_decay, scale)
-        settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
-                    "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
-                    **(trainer or {})}
-        settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
-                                                           check_on_train_epoch_end=False)]
-        import tempfile
-        with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
-            pl.seed_everything(seed, verbose=False)
+    module = _lightning_module(net, lr, head_lr, weight_decay, scale)
+    settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
+                "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
+                **(trainer or {})}
+    settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
+                                                       check_on_train_epoch_end=False)]
+    with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
+        try:
             fit = pl.Trainer(default_root_dir=root, **settings)
+        except (TypeError, ValueError) as e:  # an unknown or bad trainer.* setting (MisconfigurationException too)
+            raise UserError(f"trainer: {first_line(e)}") from e
+        with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}"):
+            _check_output(out, overwrite)  # again: another run may have written it since
+            pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
             fit.fit(module, _loader(data["train"], max_tokens, train=True, seed=seed),
                     _loader(data["valid"], max_tokens))
             seconds = time.perf_counter() - start
-        if module.best is not None:
-            net.load_state_dict(module.best, strict=False)
-        net = net.cpu().eval()
-        predictions, scores = predict(net, data["test"], max_tokens, classes, scale)
+            if module.best is not None:
+                net.load_state_dict(module.best, strict=False)
+            net = net.cpu().eval()
+            predictions, scores = predict(net, data["test"], max_tokens, classes, scale)
 
-        test_labels_ = [ex.labels[i] for i in part["test"]]
-        result = metrics(task, classes, test_labels_, predictions, scores)
-        result["baseline"] = baseline(task, [ex.labels[i] for i in part["train"]], test_labels_)
-        result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
-                      epochs=int(fit.current_epoch), best_val_loss=module.best_loss if module.best is not None else None, train_seconds=round(seconds, 2))
-        meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features, "pooling": pooling,
-                "dropout": dropout, "freeze": freeze, "target_scale": list(scale), "model": encoder.config.to_dict(),
-                "source": str(ckpt)}
-        _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_, predictions, scores)
+            test_labels_ = [ex.labels[i] for i in part["test"]]
+            result = metrics(task, classes, test_labels_, predictions, scores)
+            result["baseline"] = baseline(task, [ex.labels[i] for i in part["train"]], test_labels_)
+            result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
+                          epochs=int(fit.current_epoch), best_val_loss=module.best_loss if module.best is not None else None,
+                          train_seconds=round(seconds, 2))
+            meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features, "pooling": pooling,
+                    "dropout": dropout, "freeze": freeze, "target_scale": list(scale), "model": encoder.config.to_dict(),
+                    "source": str(ckpt)}
+            _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_, predictions, scores)
     return result
 
 

@@ -277,3 +277,13 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_freeze_n_stops_the_
     assert all(frozen[k] is None for k in frozen if k.startswith(("encoder.embed", "encoder.blocks.0.")))
     assert all(torch.allclose(frozen[k], plain[k], atol=1e-6, rtol=1e-5)
                for k in frozen if k.startswith(("encoder.blocks.1.", "encoder.norm", "head")))
+
+
+def test_a_bad_trainer_setting_is_one_line_before_anything_is_written(ckpt, tmp_path, capsys):
+    labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
+                       header=("id", "sequence", "label"))
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={tmp_path / 'out'}", "+trainer.max_stpes=3")
+    assert code == 2 and err == ("error: trainer: TypeError: Trainer.__init__() got an unexpected keyword "
+                                 "argument 'max_stpes'\n"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
