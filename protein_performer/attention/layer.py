@@ -199,9 +199,11 @@ class Attention(nn.Module):
             if "floor" in state:  # running sum of the per-key floor contributions
                 eps = state["floor"].unsqueeze(2) + fm.normalizer_floor(k, True).to(state["floor"].dtype)
                 new["floor"] = eps[:, :, -1]
-            path = recurrent_linear_attention if T == 1 else partial(chunk_linear_attention, chunk_size=self.chunk_size)
-            out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps, output_final_state=True,
-                                                       initial_state=(state["S"], state["Z"], state["m"]))
+            path = recurrent_linear_attention if T == 1 else partial(chunk_linear_attention,
+                                                                     chunk_size=self.chunk_size)
+            out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps,
+                                                       initial_state=(state["S"], state["Z"], state["m"]),
+                                                       output_final_state=True)
         out = self._merge(out)
         return (out.squeeze(1) if one else out), new
 
