@@ -243,7 +243,8 @@ def load_finetuned(output_dir: str | Path, device: str = "cpu") -> tuple[FineTun
     missing, unexpected = net.load_state_dict(load_file(str(d / WEIGHTS)), strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
-        raise UserError(f"{d / WEIGHTS}: tensors do not match {CONFIG} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise UserError(f"{d / WEIGHTS}: tensors do not match {CONFIG} "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     return net.to(device).eval(), meta
 
 
@@ -405,12 +406,13 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             result = metrics(task, classes, test_labels_, predictions, scores)
             result["baseline"] = baseline(task, [ex.labels[i] for i in part["train"]], test_labels_)
             result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
-                          epochs=int(fit.current_epoch), best_val_loss=module.best_loss if module.best is not None else None,
-                          train_seconds=round(seconds, 2))
-            meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features, "pooling": pooling,
-                    "dropout": dropout, "freeze": freeze, "target_scale": list(scale), "model": encoder.config.to_dict(),
-                    "source": str(ckpt)}
-            _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_, predictions, scores)
+                          epochs=int(fit.current_epoch), train_seconds=round(seconds, 2),
+                          best_val_loss=module.best_loss if module.best is not None else None)
+            meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
+                    "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
+                    "model": encoder.config.to_dict(), "source": str(ckpt)}
+            _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
+                           predictions, scores)
     return result
 
 
