@@ -10,7 +10,7 @@ LAYERS = [  # lowest first
     ("data", {"data"}),
     ("training", {"tasks", "training", "run_folder", "run_logging", "quiet"}),
     ("inference", {"inference", "pretrained"}),
-    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "export", "score", "finetune", "cli", "commands"}),
+    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "export", "score", "finetune", "convert_esm", "cli", "commands"}),
 ]
 
 
