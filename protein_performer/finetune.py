@@ -19,7 +19,8 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -183,13 +184,15 @@ class FineTuneNet(nn.Module):
         dim = encoder.config.dim
         self.head = (TokenClassificationHead if task == "residue" else POOLINGS[pooling])(dim, num_outputs, dropout)
         self.frozen: list[nn.Module] = []
+        # the encoder's vocabulary (a model converted from ESM reads ESM's ids)
+        self.tokenizer = Tokenizer(vocabulary=getattr(encoder.config, "vocabulary", "protein-performer"))
         for m in encoder.modules():  # the projections it was trained with: the head learns on those
             if hasattr(m, "redraw_interval"):
                 m.redraw_interval = 0
 
     def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.encoder(tokens, padding_mask)
-        return self.head(h) if self.task == "residue" else self.head(h, residue_mask(tokens))
+        return self.head(h) if self.task == "residue" else self.head(h, residue_mask(tokens, self.tokenizer))
 
     def freeze(self, how) -> None:
         """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no
@@ -216,8 +219,6 @@ class FineTuneNet(nn.Module):
     def checkpoint_blocks(self) -> None:
         """Recompute each block's activations in the backward pass instead of keeping them:
         memory for one block's activations, not ``depth`` of them (long proteins fit)."""
-        from functools import partial
-
         from torch.utils.checkpoint import checkpoint
 
         def run(forward, x, mask):
@@ -260,7 +261,7 @@ class Encoded(torch.utils.data.Dataset):
         return self.tokens[i], self.targets[i]
 
 
-def collate(items, pad_id: int = Tokenizer().pad_id) -> dict:
+def collate(items, pad_id: int) -> dict:
     from .inference import pad_batch
     tokens, padding = pad_batch([t for t, _ in items], pad_id)
     targets = [y for _, y in items]
@@ -273,12 +274,12 @@ def collate(items, pad_id: int = Tokenizer().pad_id) -> dict:
     return {"tokens": tokens, "padding_mask": padding, "targets": y}
 
 
-def _loader(data: Encoded, max_tokens: int, train: bool = False, seed: int = 0):
+def _loader(data: Encoded, pad_id: int, max_tokens: int, train: bool = False, seed: int = 0):
     from .data.sampler import TokenBudgetBatchSampler, token_budget_batches
     lengths = [len(t) for t in data.tokens]
     batches = (TokenBudgetBatchSampler(np.array(lengths), max_tokens, shuffle=True, seed=seed) if train
                else token_budget_batches(lengths, max_tokens))
-    return torch.utils.data.DataLoader(data, batch_sampler=batches, collate_fn=collate)
+    return torch.utils.data.DataLoader(data, batch_sampler=batches, collate_fn=partial(collate, pad_id=pad_id))
 
 
 # --- training ---------------------------------------------------------------------------
@@ -373,6 +374,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         net.checkpoint_blocks()
 
     index = {c: i for i, c in enumerate(classes)}
+    tok = replace(net.tokenizer, unknown=unknown, unknown_key="unknown")
     tokens = [tok.encode(s) for s in ex.seqs]
     targets = [float(y) if task == "regression" else
                np.array([index[c] for c in y]) if task == "residue" else index[y] for y in ex.labels]
@@ -394,8 +396,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
-            fit.fit(module, _loader(data["train"], max_tokens, train=True, seed=seed),
-                    _loader(data["valid"], max_tokens))
+            fit.fit(module, _loader(data["train"], tok.pad_id, max_tokens, train=True, seed=seed),
+                    _loader(data["valid"], tok.pad_id, max_tokens))
             seconds = time.perf_counter() - start
             if module.best is not None:
                 net.load_state_dict(module.best, strict=False)
@@ -423,7 +425,7 @@ def predict(net: FineTuneNet, data: Encoded, max_tokens: int, classes: list[str]
     preds, scores = [None] * len(data), [None] * len(data)
     from .data.sampler import token_budget_batches
     for batch in token_budget_batches([len(t) for t in data.tokens], max_tokens):
-        b = collate([data[i] for i in batch])
+        b = collate([data[i] for i in batch], net.tokenizer.pad_id)
         out = net(b["tokens"], b["padding_mask"]).float()
         for row, i in enumerate(batch):
             if net.task == "regression":
