@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         sys.exit(0 if argv else 2)
     if argv[0] not in COMMANDS:
-        print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        import difflib
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"error: unknown command {argv[0]!r}{hint}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
     run(argv[0], argv[1:])
 

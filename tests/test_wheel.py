@@ -14,6 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
+from protein_performer.cli import COMMANDS
+
 from conftest import ROOT
 
 TINY = ["model.dim=32", "model.depth=1", "model.heads=2", "model.attention.nb_features=16", "model.dropout=0.0",
@@ -54,13 +56,15 @@ def test_help_is_fast_and_lists_the_commands(installed):
     start = time.perf_counter()
     out = sh([exe, "--help"], cwd=work)
     assert time.perf_counter() - start < 2.0
-    assert all(c in out for c in ("train", "prepare", "evaluate", "embed", "probe", "generate", "compare", "export"))
+    assert all(c in out for c in COMMANDS)
     start = time.perf_counter()
     out = sh([exe, "evaluate", "--help"], cwd=work)
     assert time.perf_counter() - start < 2.0 and "data.path" in out and "== Keys ==" in out
     r = subprocess.run([exe, "trian"], cwd=work, capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip() == ("error: unknown command 'trian'; choose one of train, prepare, "
-                                                      "evaluate, embed, probe, generate, compare, export")
+    assert r.returncode == 2 and r.stderr.strip() == ("error: unknown command 'trian' (did you mean train?); "
+                                                      f"choose one of {', '.join(COMMANDS)}")
+    assert {"train", "prepare", "evaluate", "embed", "probe", "generate", "compare", "export", "score", "finetune",
+            "convert-esm"} <= set(COMMANDS)
 
 
 def test_installed_commands_match_the_checkout(installed, tmp_path):
