@@ -142,3 +142,20 @@ def test_bad_inputs_are_one_line(tmp_path):
     assert "no such file" in errors[0] and "model_type is 'bert'" in errors[1]
     assert "junk.pt" in errors[2] and "other.pt" in errors[3] and "fair-esm" in errors[3]
     assert not any(p.with_name(p.name + ".out").exists() for p in inputs)
+
+
+def test_transformers_code_of_the_converted_directory(tmp_path):
+    """The directory's own transformers code (trust_remote_code) gives ESM-2's logits and hidden states too."""
+    hf = _hf_model(True)
+    hf.save_pretrained(tmp_path / "esm")
+    convert(tmp_path / "esm", tmp_path / "out")
+    remote = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    batch = tok([SEQ[:300], SEQ[:120]], return_tensors="pt", padding=True)
+    batch["input_ids"][:, 5:9] = tok.mask_token_id
+    with torch.no_grad():
+        ref = hf(**batch, output_hidden_states=True)
+        ours = remote(**batch, output_hidden_states=True)
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(ours.logits[real], ref.logits[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.hidden_states[-1][real], ref.hidden_states[-1][real], atol=1e-5, rtol=0)

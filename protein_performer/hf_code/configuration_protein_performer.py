@@ -13,10 +13,14 @@ class ProteinPerformerConfig(PretrainedConfig):
 
     def __init__(self, vocab_size=30, objective="mlm", causal=False, dim=128, depth=4, heads=4, ff_mult=4,
                  dropout=0.1, position="rotary", max_positions=1024, attention=None, tokenizer_version=1,
-                 aa_frequencies=None, **kwargs):
+                 aa_frequencies=None, vocabulary="protein-performer", qkv_bias=False, norm_eps=1e-5,
+                 token_dropout=False, lm_head="tied", rotary_inv_freq="float64", **kwargs):
         self.vocab_size, self.objective, self.causal = vocab_size, objective, causal
         self.dim, self.depth, self.heads, self.ff_mult, self.dropout = dim, depth, heads, ff_mult, dropout
         self.position, self.max_positions = position, max_positions
         self.attention = dict(attention or {})
         self.tokenizer_version, self.aa_frequencies = tokenizer_version, aa_frequencies
+        # models converted from ESM-2 (protein-performer convert-esm); the defaults are protein-performer's own
+        self.vocabulary, self.qkv_bias, self.norm_eps = vocabulary, qkv_bias, norm_eps
+        self.token_dropout, self.lm_head, self.rotary_inv_freq = token_dropout, lm_head, rotary_inv_freq
         super().__init__(**kwargs)

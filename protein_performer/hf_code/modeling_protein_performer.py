@@ -38,10 +38,12 @@ TRIG_MAX_LOG_SCALE = 40.0
 ROTARY_BASE = 10000.0
 
 
-def rotate(x, base=ROTARY_BASE):
-    """Rotary position embedding ("rotate half" layout) of x (B, H, L, d), positions 0..L-1."""
+def rotate(x, base=ROTARY_BASE, float32_freqs=False):
+    """Rotary position embedding ("rotate half" layout) of x (B, H, L, d), positions 0..L-1; the
+    frequencies computed in float64, or in float32 as ESM computes them (``rotary_inv_freq``)."""
     d = x.shape[-1]
-    inv_freq = (1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))).float().to(x.device)
+    dtype = torch.float32 if float32_freqs else torch.float64
+    inv_freq = (1.0 / (base ** (torch.arange(0, d, 2, dtype=dtype) / d))).float().to(x.device)
     freqs = torch.outer(torch.arange(x.shape[-2], device=x.device, dtype=torch.float32), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
@@ -150,7 +152,8 @@ class Attention(nn.Module):
         self.causal, self.dropout = causal, config.dropout
         self.chunk_size = int(att.get("chunk_size") or 128)
         self.rotary = config.position == "rotary"
-        self.to_qkv = nn.Linear(config.dim, 3 * config.dim, bias=False)
+        self.float32_freqs = getattr(config, "rotary_inv_freq", "float64") == "float32"
+        self.to_qkv = nn.Linear(config.dim, 3 * config.dim, bias=bool(getattr(config, "qkv_bias", False)))
         self.to_out = nn.Linear(config.dim, config.dim)
         self.drop = nn.Dropout(config.dropout)
         self.feature_map = None if self.kernel == "exact" else FeatureMap(
@@ -161,7 +164,7 @@ class Attention(nn.Module):
         B, L, _ = x.shape
         q, k, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary:
-            q, k = rotate(q), rotate(k)
+            q, k = rotate(q, float32_freqs=self.float32_freqs), rotate(k, float32_freqs=self.float32_freqs)
         if self.feature_map is None:
             out = self._exact(q, k, v, pad)
         else:
@@ -202,9 +205,10 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, config, causal):
         super().__init__()
-        self.norm1 = nn.LayerNorm(config.dim)
+        eps = getattr(config, "norm_eps", 1e-5)
+        self.norm1 = nn.LayerNorm(config.dim, eps=eps)
         self.attn = Attention(config, causal)
-        self.norm2 = nn.LayerNorm(config.dim)
+        self.norm2 = nn.LayerNorm(config.dim, eps=eps)
         self.ff = FeedForward(config.dim, config.ff_mult * config.dim, config.dropout)
         self.drop = nn.Dropout(config.dropout)
 
@@ -222,13 +226,24 @@ class FeedForward(nn.Module):
         return self.fc2(self.drop(F.gelu(self.fc1(x))))
 
 
+class EsmHead(nn.Module):
+    """ESM's LM head before the tied projection (a model converted from ESM-2)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.dense, self.norm = nn.Linear(dim, dim), nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, h):
+        return self.norm(F.gelu(self.dense(h)))
+
+
 class ProteinPerformerPreTrainedModel(PreTrainedModel):
     """Common base; the parameter names are those of protein-performer's PerformerEncoder."""
 
     config_class = ProteinPerformerConfig
     base_model_prefix = "protein_performer"
     # the LM head's bias, in every exported model.safetensors: the backbone alone does not use it
-    _keys_to_ignore_on_load_unexpected = [r"^(protein_performer\.)?head_bias$"]
+    _keys_to_ignore_on_load_unexpected = [r"^(protein_performer\.)?head_bias$", r"^(protein_performer\.)?lm_head\."]
 
     def _init_weights(self, module):
         """Nothing to initialize: every weight comes from model.safetensors."""
@@ -246,7 +261,7 @@ class ProteinPerformerModel(ProteinPerformerPreTrainedModel):
         self.pos_embed = nn.Embedding(config.max_positions, config.dim) if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, causal) for _ in range(config.depth))
-        self.norm = nn.LayerNorm(config.dim)
+        self.norm = nn.LayerNorm(config.dim, eps=getattr(config, "norm_eps", 1e-5))
         self.post_init()
 
     def get_input_embeddings(self):
@@ -262,6 +277,12 @@ class ProteinPerformerModel(ProteinPerformerPreTrainedModel):
         if pad is not None and not pad.any():
             pad = None
         x = self.embed(input_ids.long())
+        if getattr(self.config, "token_dropout", False):  # ESM-2's: <mask> zeroed, all scaled by 0.88 / (1 - masked)
+            masked = input_ids == self.config.mask_token_id
+            lengths = input_ids.shape[1] if pad is None else (~pad).sum(-1)
+            observed = masked.sum(-1).float() / lengths
+            x = x.masked_fill(masked.unsqueeze(-1), 0.0)
+            x = (x * (1 - 0.15 * 0.8) / (1 - observed)[:, None, None]).to(x.dtype)
         if self.pos_embed is not None:
             L = input_ids.shape[1]
             if L > self.config.max_positions:
@@ -293,12 +314,17 @@ class ProteinPerformerLMHeadModel(ProteinPerformerPreTrainedModel):
         # holds the backbone's tensors without the prefix, and head_bias among them; transformers adds
         # the prefix to all of them at once (4.x) or to each one the model has under it (5.x).
         self.protein_performer.head_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        if getattr(config, "lm_head", "tied") == "esm":  # ESM's: dense, GELU, LayerNorm before the tied projection
+            self.protein_performer.lm_head = EsmHead(config.dim, getattr(config, "norm_eps", 1e-5))
         self.post_init()
 
     def _logits(self, input_ids, attention_mask, output_hidden_states):
         base = self.protein_performer
         out = base(input_ids, attention_mask, output_hidden_states=output_hidden_states, return_dict=True)
-        return F.linear(out.last_hidden_state, base.embed.weight, base.head_bias), out.hidden_states
+        h = out.last_hidden_state
+        if getattr(base, "lm_head", None) is not None:
+            h = base.lm_head(h)
+        return F.linear(h, base.embed.weight, base.head_bias), out.hidden_states
 
 
 class ProteinPerformerForMaskedLM(ProteinPerformerLMHeadModel):
