@@ -40,3 +40,39 @@ def _fit_recording(model, dm, steps, tmp, ckpt=None, save_every=None):
 @pytest.fixture
 def fit_recording():
     return _fit_recording
+
+
+def run_command(name: str, capsys, *overrides: str) -> tuple[int, str, str]:
+    """``protein-performer <name> OVERRIDES`` in this process, its config composed by Hydra and run
+    inside the CLI's error wrapper: (exit status, stdout, stderr)."""
+    import importlib
+
+    from hydra import compose, initialize_config_dir
+
+    from protein_performer.cli import COMMANDS
+    from protein_performer.errors import cli
+    module, function = COMMANDS[name].target.split(":")
+    job = cli(getattr(importlib.import_module(module), function))
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(COMMANDS[name].config, overrides=list(overrides))
+    capsys.readouterr()
+    try:
+        job(cfg)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    """The first 200 proteins of the bundled sample as a plain FASTA file."""
+    from protein_performer.io import read_fasta
+    path = tmp_path_factory.mktemp("data") / "small.fasta"
+    with open(path, "w") as f:
+        for i, r in enumerate(read_fasta(SAMPLE)):
+            if i == 200:
+                break
+            f.write(f">{r.id}\n{r.sequence}\n")
+    return path

@@ -17,7 +17,6 @@ from hydra import compose, initialize_config_dir
 
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.errors import UserError, cli
-from protein_performer.io import read_fasta
 from protein_performer.run_folder import check_run_folder, open_run_folder
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 from protein_performer.training import check_checkpoint, train
@@ -162,17 +161,6 @@ def test_a_run_that_fails_on_a_user_error_leaves_no_folder(tmp_path):
         with folder.discard_on_user_error():
             raise UserError("refused")
     assert (run / "train.log").is_file() and (run / ".hydra" / "config.yaml").is_file()
-
-
-@pytest.fixture(scope="module")
-def small_fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "small.fasta"
-    with open(path, "w") as f:
-        for i, r in enumerate(read_fasta(SAMPLE)):
-            if i == 200:
-                break
-            f.write(f">{r.id}\n{r.sequence}\n")
-    return path
 
 
 def _train(run: Path, fasta: Path, *overrides: str):

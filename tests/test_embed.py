@@ -22,7 +22,7 @@ from protein_performer.inference import load_model
 from protein_performer.io import read_fasta
 from protein_performer.tasks import ProteinLM
 
-from conftest import ROOT, save_checkpoint
+from conftest import ROOT, run_command, save_checkpoint
 
 FIX = Path(__file__).parent / "fixtures"
 FASTA = FIX / "pyswrd_uniprot_sprot15.fasta"
@@ -405,26 +405,9 @@ def test_cli(ckpt, records, tmp_path):
 
 
 def run_script(name, capsys, *overrides):
-    """``protein-performer <name>`` (= scripts/<name>.py) in this process, its config composed by
-    Hydra from ``overrides``: (exit status, stderr)."""
-    import importlib
-
-    from hydra import compose, initialize_config_dir
-
-    from protein_performer.cli import COMMANDS
-    from protein_performer.errors import cli
-    module, function = COMMANDS[name].target.split(":")
-    job = cli(getattr(importlib.import_module(module), function))
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(COMMANDS[name].config, overrides=list(overrides))
-    capsys.readouterr()
-    try:
-        job(cfg)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
-
+    """``protein-performer <name>`` in this process: (exit status, stderr)."""
+    code, _, err = run_command(name, capsys, *overrides)
+    return code, err
 
 def test_cli_errors_are_one_line_and_leave_nothing(ckpt, tmp_path, capsys):
     import random

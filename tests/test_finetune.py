@@ -19,7 +19,7 @@ from protein_performer import finetune as FT
 from protein_performer.tasks import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
-from conftest import ROOT, TINY_MODEL, save_checkpoint
+from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 FAST = ["trainer.max_epochs=30", "trainer.max_steps=40", "head_lr=1e-2", "lr=3e-3", "dropout=0.0",
@@ -49,21 +49,7 @@ def write_csv(path, rows, header=("id", "sequence", "label", "split")):
 
 def run_finetune(capsys, *overrides):
     """``protein-performer finetune`` with ``overrides``: (exit status, stdout, stderr)."""
-    from hydra import compose, initialize_config_dir
-
-    from protein_performer.commands import finetune
-    from protein_performer.errors import cli
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("finetune", overrides=list(overrides))
-    capsys.readouterr()
-    try:
-        cli(finetune)(cfg)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
+    return run_command("finetune", capsys, *overrides)
 
 def predictions(out):
     with open(out / "predictions.csv", newline="") as fh:

@@ -5,7 +5,6 @@ seeded points followed by a rerun gives what a clean run gives.
 Each command runs as ``protein-performer <command>`` runs it (its config composed by Hydra,
 inside the ``cli`` wrapper), in this process; the fault injection runs child processes."""
 import hashlib
-import importlib
 import json
 import os
 import random
@@ -18,13 +17,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from protein_performer.cli import COMMANDS
-from protein_performer.errors import cli
 from protein_performer.tasks import ProteinLM
 
-from conftest import ROOT, TINY_MODEL, save_checkpoint
+from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
 
 PROTEINS = {"P1": "MKTAYIAKQRQISFVKSHFSRQ", "P2": "MQIFVKTLTGKTITLEVEPSDT", "P3": "MSDNGPQNQRNAPRITFGGPSD",
             "P4": "MKVLAAGIVGLLLAQPALA", "P5": "MSTNPKPQRKTKRNTNRRPQDVKFPGG"}
@@ -49,18 +45,8 @@ def evil_file(path: Path, marker: Path, real: str | None = None) -> Path:
 
 def run(name: str, capsys, *overrides: str) -> tuple[int, str]:
     """``protein-performer <name> OVERRIDES`` in this process: (exit status, stderr)."""
-    module, function = COMMANDS[name].target.split(":")
-    job = cli(getattr(importlib.import_module(module), function))
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(COMMANDS[name].config, overrides=list(overrides))
-    capsys.readouterr()
-    try:
-        job(cfg)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
-
+    code, _, err = run_command(name, capsys, *overrides)
+    return code, err
 
 def refused(name: str, capsys, *overrides: str) -> str:
     code, err = run(name, capsys, *overrides)

@@ -15,10 +15,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from protein_performer.errors import UserError
-from protein_performer.io import read_fasta
 from protein_performer.training import train
 
-from conftest import ROOT, SAMPLE
+from conftest import ROOT
 
 TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
         "data.max_len=48", "data.batch_size=16", "data.max_tokens=null", "data.crop_schedule=null",
@@ -27,14 +26,8 @@ TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_fe
 
 
 @pytest.fixture(scope="module")
-def fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "small.fasta"
-    with open(path, "w") as f:
-        for i, r in enumerate(read_fasta(SAMPLE)):
-            if i == 200:
-                break
-            f.write(f">{r.id}\n{r.sequence}\n")
-    return path
+def fasta(small_fasta):
+    return small_fasta
 
 
 def command(*args: str) -> list[str]:

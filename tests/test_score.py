@@ -8,7 +8,6 @@ import math
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from protein_performer.objectives import score_rows, scored_example
 from protein_performer.tasks import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
-from conftest import ROOT, TINY_MODEL, save_checkpoint
+from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 TOK = Tokenizer()
@@ -113,21 +112,7 @@ def core_log_likelihood(net, seq):
 # --- running the command in this process ----------------------------------------------------
 def run_score(capsys, *overrides):
     """``protein-performer score`` with ``overrides``: (exit status, stdout, stderr)."""
-    from hydra import compose, initialize_config_dir
-
-    from protein_performer.commands import score
-    from protein_performer.errors import cli
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("score", overrides=["device=cpu", *overrides])
-    capsys.readouterr()
-    try:
-        cli(score)(cfg)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
+    return run_command("score", capsys, "device=cpu", *overrides)
 
 @pytest.fixture(scope="module")
 def mlm(tmp_path_factory):
