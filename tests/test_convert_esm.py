@@ -159,3 +159,20 @@ def test_transformers_code_of_the_converted_directory(tmp_path):
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(ours.logits[real], ref.logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.hidden_states[-1][real], ref.hidden_states[-1][real], atol=1e-5, rtol=0)
+
+
+def test_embed_reads_esm_ids(tmp_path):
+    """embed's mean of the converted directory is that of transformers' ESM on ESM's ids (a tokenizer
+    of protein-performer's vocabulary would feed it other residues)."""
+    from protein_performer.embed import embed_sequences
+    hf = _hf_model(True)
+    hf.save_pretrained(tmp_path / "esm")
+    convert(tmp_path / "esm", tmp_path / "out")
+    esm_tok = transformers.EsmTokenizer(str(tmp_path / "out" / "vocab.txt"))
+    seqs = {"a": SEQ[:50], "b": SEQ[100:130]}
+    got = embed_sequences(str(tmp_path / "out"), seqs)
+    for i, (name, seq) in enumerate(seqs.items()):
+        with torch.no_grad():
+            h = hf.esm(torch.tensor([esm_tok(seq)["input_ids"]])).last_hidden_state[0, 1:-1]
+        assert got["ids"][i] == name
+        torch.testing.assert_close(torch.as_tensor(got["mean"][i]), h.mean(0), atol=1e-5, rtol=0)
