@@ -1,5 +1,6 @@
 """The Attention module: wiring against a hand-composed reference, redraw schedule, checkpoints,
 rank-independent draws, mixed precision and long-sequence numerics."""
+import copy
 import io
 
 import pytest
@@ -160,21 +161,39 @@ def _realistic_input(L, dim=64, seed=0):
     return torch.nn.functional.layer_norm(x, (dim,)) * 2
 
 
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
 @pytest.mark.parametrize("kernel", LINEAR)
-def test_long_sequence_finite(kernel):
+def test_long_sequence_matches_float64_and_the_same_tokens_run_short(kernel):
+    """At 8,192 positions: the float32 output equals the same module in float64 (a numerics
+    reference), its first 512 positions equal the first 512 tokens run alone (causal), and the
+    gradients are finite and equal float64's."""
     torch.manual_seed(0)
-    m = Attention(64, 2, kernel=kernel, nb_features=64, chunk_size=128, causal=True)
+    m = Attention(64, 2, kernel=kernel, nb_features=64, chunk_size=128, causal=True).eval()  # no rho update
     x = _realistic_input(8192).requires_grad_()
     out = m(x)
-    assert torch.isfinite(out).all()
     out.square().mean().backward()
-    assert torch.isfinite(x.grad).all()
+    ref = copy.deepcopy(m).double()
+    x64 = x.detach().double().requires_grad_()
+    out64 = ref(x64)
+    out64.square().mean().backward()
+    tol = 1e-2 if kernel == "trig" else 1e-4  # trig: normalizers near zero amplify round-off (refused for training)
+    assert _rel(out, out64) < tol
+    assert _rel(x.grad, x64.grad) < 10 * tol and torch.isfinite(x.grad).all()
+    with torch.no_grad():
+        short = ref(x64[:, :512])
+    assert _rel(out64[:, :512], short) < 1e-10
+    assert out.abs().mean() > 1e-3  # not a collapsed (all-zero) output
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", LINEAR)
 @pytest.mark.parametrize("causal", [False, True])
 def test_65536_finite_fp32_and_bf16(kernel, causal):
+    """65,536 positions: bf16 autocast agrees with fp32 (fp32 states), gradients finite; causal: the
+    first 1,024 positions equal the same tokens run short."""
     torch.manual_seed(0)
     m = Attention(64, 2, kernel=kernel, nb_features=64, chunk_size=256, causal=causal)
     x = _realistic_input(65536).requires_grad_()
@@ -184,4 +203,7 @@ def test_65536_finite_fp32_and_bf16(kernel, causal):
     out.float().square().mean().backward()
     assert torch.isfinite(x.grad).all()
     with torch.no_grad():
-        assert torch.isfinite(m(x)).all()
+        full = m(x)
+        assert _rel(out.float(), full) < 5e-2 and full.abs().mean() > 1e-3
+        if causal:
+            assert _rel(full[:, :1024], m(x[:, :1024])) < 1e-5
