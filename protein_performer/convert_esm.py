@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import torch
 
 from .errors import UserError, one_line
-from .files import WrittenFiles, exclusive_lock, refuse_overlap, remove_path
+from .files import refuse_overlap
 from .model import AttentionConfig, ModelConfig, PerformerLM
-from .pretrained import (CARD, CONFIG, JOURNAL, REMOTE_CODE, TOKENIZER_CONFIG, VOCAB, WEIGHTS, _check_export,
-                         _recover, _write_tokenizer, _write_weights, check_replaceable, export_config)
-from .tokenizer import ESM_TOKENS, Tokenizer
+from .pretrained import export_config, write_model_dir
+from .tokenizer import ESM_TOKENS
 
 #: ESM-2's names (after the prefixes below) -> this project's; {i} a layer
 HF_NAMES = {"embeddings.word_embeddings.weight": "embed.weight",
@@ -220,34 +217,7 @@ def convert(input, output, overwrite: bool = False, attention: dict | None = Non
     model = build(settings, tensors, attention, str(src))
     config = export_config(model.config, {"objective": "mlm"}, None)
     config["converted_from"] = source
-    tmp, old = (out.with_name(f".{out.name}.export.{what}") for what in ("tmp", "old"))
-    with exclusive_lock(out.with_name(f".{out.name}.export.lock"), what=f"output {out}"):
-        _recover(out, tmp, old)
-        if out.is_dir() and any(out.iterdir()):
-            if not overwrite:
-                raise UserError(f"output {out}: exists and is not empty (overwrite=true replaces it)")
-            check_replaceable(out)
-        try:
-            tmp.mkdir()
-            written = WrittenFiles(tmp / JOURNAL)
-            for name in (CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, *REMOTE_CODE, CARD):
-                written.record(tmp / name)
-            (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-            _write_weights(model, tmp / WEIGHTS)
-            shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)
-            _write_tokenizer(tmp, Tokenizer(vocabulary="esm"))
-            for name in REMOTE_CODE:
-                shutil.copyfile(Path(__file__).parent / "hf_code" / name, tmp / name)
-            (tmp / CARD).write_text(model_card(config, model, source), encoding="utf-8")
-            _check_export(tmp, model)
-        except BaseException:
-            remove_path(tmp)
-            raise
-        if out.is_dir():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        remove_path(old)
-    return out
+    return write_model_dir(out, model, config, model_card(config, model, source), overwrite=overwrite)
 
 
 def model_card(config: dict, model: PerformerLM, source: dict) -> str:

@@ -169,13 +169,27 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
     an export this tool wrote (:data:`JOURNAL` lists its files) holding nothing else. One
     export per output at a time (a lock beside it); a rerun after a kill finishes or undoes
     what the killed run left beside the output."""
-    from .files import exclusive_lock, refuse_overlap
+    from .files import refuse_overlap
     from .tasks import load_checkpoint  # reading a Lightning checkpoint needs Lightning; loading does not
 
     out, ckpt_path = Path(output_dir), Path(ckpt_path)
     refuse_overlap({"output": out}, {"ckpt": ckpt_path, "metrics": metrics})
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out}: exists and is not a directory")
+    module = load_checkpoint(str(ckpt_path))
+    step = checkpoint_step(ckpt_path)
+    config = export_config(module.model.config, dict(module.hparams), step)
+    evaluation = read_metrics(Path(metrics), config) if metrics else None
+    card = model_card(config, module.model, step, _run_config(ckpt_path), evaluation)
+    return write_model_dir(out, module.model, config, card, overwrite=overwrite)
+
+
+def write_model_dir(out: Path, model: PerformerLM, config: dict, card: str, overwrite: bool = False) -> Path:
+    """Write ``model`` as an exported directory ``out`` (export and convert-esm share this): one writer
+    per output (a lock beside it), what a killed run left beside it finished or undone, an existing
+    non-empty ``out`` replaced only with ``overwrite`` and only when export wrote it; the files go to
+    ``.<name>.export.tmp``, are loaded back and checked to give ``model``'s logits, then renamed."""
+    from .files import exclusive_lock
     tmp, old = (out.with_name(f".{out.name}.export.{what}") for what in ("tmp", "old"))
     with exclusive_lock(out.with_name(f".{out.name}.export.lock"), what=f"output {out}"):
         _recover(out, tmp, old)
@@ -183,25 +197,19 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
             if not overwrite:
                 raise UserError(f"output {out}: exists and is not empty (overwrite=true replaces it)")
             check_replaceable(out)
-        module = load_checkpoint(str(ckpt_path))
-        step = checkpoint_step(ckpt_path)
-        config = export_config(module.model.config, dict(module.hparams), step)
-        evaluation = read_metrics(Path(metrics), config) if metrics else None
-        run_config = _run_config(ckpt_path)
         try:
             tmp.mkdir()
             written = WrittenFiles(tmp / JOURNAL)
             for name in (CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, *REMOTE_CODE, CARD):
                 written.record(tmp / name)
             (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-            _write_weights(module.model, tmp / WEIGHTS)
+            _write_weights(model, tmp / WEIGHTS)
             shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)  # safetensors writes owner-only; share like the rest
-            _write_tokenizer(tmp)
+            _write_tokenizer(tmp, Tokenizer(vocabulary=model.config.vocabulary))
             for name in REMOTE_CODE:
                 shutil.copyfile(Path(__file__).parent / "hf_code" / name, tmp / name)
-            (tmp / CARD).write_text(model_card(config, module.model, step, run_config, evaluation),
-                                    encoding="utf-8")
-            _check_export(tmp, module.model)
+            (tmp / CARD).write_text(card, encoding="utf-8")
+            _check_export(tmp, model)
         except BaseException:
             remove_path(tmp)
             raise
