@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import Attention
-from .attention.feature_maps import KERNELS
+from .attention.feature_maps import KERNELS, NB_FEATURES
 from .errors import UserError
 from .heads import EsmLMHead, LMHead
 from .tokenizer import VOCABULARIES, Tokenizer
@@ -32,7 +32,7 @@ from .tokenizer import VOCABULARIES, Tokenizer
 @dataclass(frozen=True)
 class AttentionConfig:
     kernel: str = "softmax"         # softmax (FAVOR+) | favor++ | relu | trig | elu | exact
-    nb_features: int = 128          # random features (softmax, favor++, relu, trig)
+    nb_features: int = NB_FEATURES  # random features (softmax, favor++, relu, trig)
     chunk_size: int = 128           # causal linear attention: prefix sums chunk by chunk
     redraw_interval: int | None = 1000  # training forward calls between projection redraws (0/None: never)
     orthogonal: bool = True         # orthogonal (vs iid) random features

@@ -62,3 +62,19 @@ def test_crop_longer_than_learned_positions_is_refused_before_training(tmp_path)
     dm = ProteinDataModule(str(SAMPLE), max_len=32, batch_size=4, max_records=60, valid_fraction=0.2)
     t.fit(task, datamodule=dm)  # fits: trains
     assert t.global_step == 1
+
+
+def test_nb_features_has_one_default():
+    """ModelConfig, Attention, build_feature_map and every feature map take the same default
+    number of features (declared once: attention.feature_maps.NB_FEATURES)."""
+    import inspect
+
+    from protein_performer.attention import Attention, build_feature_map
+    from protein_performer.attention import feature_maps as fm
+    from protein_performer.model import AttentionConfig
+    defaults = {AttentionConfig().nb_features}
+    for f in (Attention, build_feature_map, fm.FavorPlus, fm.FavorPlusPlus, fm.TrigFeatures, fm.ReluFeatures,
+              fm.HedgehogFeatures):
+        defaults.add(inspect.signature(f).parameters["nb_features"].default)
+    assert defaults == {fm.NB_FEATURES} == {128}
+    assert Attention(32, 2).num_features == 128  # the model's FAVOR+ gets what the config says

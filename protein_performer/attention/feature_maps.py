@@ -78,6 +78,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
+#: the one default number of features per head (ModelConfig, Attention and every map read it)
+NB_FEATURES = 128
+
+
 class KeyFeatures(NamedTuple):
     """Key features of shape (B, H, L, r) and the per-key log-scale (B, H, L, 1) they were divided by."""
     features: torch.Tensor
@@ -168,7 +172,7 @@ class _Projected(FeatureMap):
 class FavorPlus(_Projected):
     """FAVOR+ positive orthogonal random features for the softmax kernel."""
 
-    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+    def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, orthogonal: bool = True,
                  generator: torch.Generator | None = None):
         super().__init__(head_dim, nb_features, orthogonal, generator)
 
@@ -220,7 +224,7 @@ def oprf_rho(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None)
 class FavorPlusPlus(FavorPlus):
     """FAVOR++: optimal positive random features (OPRF), bounded and lower-variance than FAVOR+."""
 
-    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+    def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, orthogonal: bool = True,
                  generator: torch.Generator | None = None, heads: int = 1, momentum: float = 0.05):
         super().__init__(head_dim, nb_features, orthogonal, generator)
         self.momentum = momentum
@@ -292,7 +296,7 @@ class TrigFeatures(_Projected):
     #: cap on |x|^2/2 in the keys' exp(|x|^2/2) factor (only reached at logits in the hundreds)
     max_log_scale = 40.0
 
-    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+    def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, orthogonal: bool = True,
                  generator: torch.Generator | None = None):
         if nb_features % 2:
             raise ValueError(f"trig features need an even nb_features, got {nb_features}")
@@ -330,7 +334,7 @@ class ReluFeatures(_Projected):
 
     eps = 1e-3
 
-    def __init__(self, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+    def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, orthogonal: bool = True,
                  generator: torch.Generator | None = None, projection: bool = True):
         self.use_projection = projection
         super().__init__(head_dim, nb_features if projection else 0, orthogonal, generator)
@@ -372,7 +376,7 @@ class EluFeatures(FeatureMap):
 class HedgehogFeatures(FeatureMap):
     """Hedgehog: [softmax(W x + b), softmax(-W x - b)] with per-head learned W (d x r/2) and b."""
 
-    def __init__(self, head_dim: int, nb_features: int = 64, heads: int = 1,
+    def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, heads: int = 1,
                  generator: torch.Generator | None = None):
         if nb_features % 2:
             raise ValueError(f"hedgehog features need an even nb_features, got {nb_features}")
@@ -454,7 +458,7 @@ def is_random(kernel: str, relu_projection: bool = True) -> bool:
     return REGISTRY[kernel].random and (kernel != "relu" or relu_projection)
 
 
-def build_feature_map(kernel: str, head_dim: int, nb_features: int = 256, orthogonal: bool = True,
+def build_feature_map(kernel: str, head_dim: int, nb_features: int = NB_FEATURES, orthogonal: bool = True,
                       generator: torch.Generator | None = None, heads: int = 1,
                       relu_projection: bool = True) -> FeatureMap | None:
     """Feature map for a kernel name; None for "exact" (softmax attention through SDPA)."""

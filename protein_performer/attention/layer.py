@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .feature_maps import KERNELS, FavorPlusPlus, build_feature_map
+from .feature_maps import KERNELS, NB_FEATURES, FavorPlusPlus, build_feature_map
 from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, init_linear_state, linear_attention,
                      recurrent_linear_attention)
 from .rotary import RotaryEmbedding
@@ -72,7 +72,7 @@ class Attention(nn.Module):
         relu_projection: the "relu" kernel with (True) or without a random projection.
     """
 
-    def __init__(self, dim: int, heads: int, kernel: str = "softmax", nb_features: int = 256,
+    def __init__(self, dim: int, heads: int, kernel: str = "softmax", nb_features: int = NB_FEATURES,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, redraw_interval: int | None = 1000,
                  causal: bool = False, dropout: float = 0.0, rotary: bool = True, orthogonal: bool = True,
                  seed: int = 0, head_dim: int | None = None, bias: bool = False,

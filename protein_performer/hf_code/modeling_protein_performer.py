@@ -157,7 +157,7 @@ class Attention(nn.Module):
         self.to_out = nn.Linear(config.dim, config.dim)
         self.drop = nn.Dropout(config.dropout)
         self.feature_map = None if self.kernel == "exact" else FeatureMap(
-            self.kernel, self.head_dim, self.heads, int(att.get("nb_features", 256)),
+            self.kernel, self.head_dim, self.heads, int(att["nb_features"]),
             bool(att.get("relu_projection", True)))
 
     def forward(self, x, pad):
