@@ -291,7 +291,7 @@ class Scorer:
 
         The wild type is stepped once; mutants, sorted by first mutated position, go in groups
         that start from the wild type's state just before their group's first mutated
-        position (a row whose own first mutation comes later feeds wild-type tokens until it,
+        position and run their remaining tokens in one chunked call from it (a row whose own first mutation comes later feeds wild-type tokens until it,
         which is exact: its context there is the wild type's)."""
         net, L = self.net, len(wild_type)
         T = torch.as_tensor(wild_type, device=self.device)
@@ -315,10 +315,10 @@ class Scorer:
                         for p, tok in mutants[m]:
                             M[r, p] = tok
                     acc = lp[M[:, t + 1]]
-                    s = _expand(state, len(group))
-                    for u in range(t + 1, L - 2):
-                        logits_m, s = net.step(M[:, u], s)
-                        acc = acc + torch.log_softmax(logits_m.double(), -1).gather(1, M[:, u + 1:u + 2])[:, 0]
+                    if t + 1 < L - 2:  # the rest of each mutant in one chunked call from the branch state
+                        logits_m, _ = net.step(M[:, t + 1:L - 2], _expand(state, len(group)))
+                        lp_m = torch.log_softmax(logits_m.double(), -1)          # (rows, L - 3 - t, V)
+                        acc = acc + lp_m.gather(2, M[:, t + 2:L - 1, None])[..., 0].sum(1)
                     mut_sum[group], start[group] = acc.cpu().numpy(), t + 1
         wt_suffix = np.cumsum(wt_lp[::-1])[::-1]  # wt_suffix[p] = sum over j >= p
         return mut_sum - wt_suffix[start]
