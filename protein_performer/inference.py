@@ -21,7 +21,6 @@ import torch
 
 from .device import resolve_device
 from .errors import UserError
-from .files import file_sha256  # noqa: F401  (re-exported: what identifies an input file)
 from .pretrained import CONFIG, is_pretrained_dir, load_pretrained, read_config
 from .sequences import (CSV_SUFFIXES, SKIP_KINDS, Entry, is_csv, read_sequences, sequence_id,  # noqa: F401
                         skipped_text)

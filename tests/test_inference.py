@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from protein_performer.errors import UserError
-from protein_performer.inference import (file_sha256, load_model, pad_batch, read_sequences, sequence_id,
+from protein_performer.files import file_sha256
+from protein_performer.inference import (load_model, pad_batch, read_sequences, sequence_id,
                                          weights_sha256)
 from protein_performer.io import ParseError
 from protein_performer.tasks import ProteinLM
