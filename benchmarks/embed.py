@@ -32,7 +32,7 @@ def build(model_name: str, ckpt: str | None):
     from omegaconf import OmegaConf
 
     from protein_performer.compare import compose_train_config
-    from protein_performer.tasks import ProteinLM, load_checkpoint
+    from protein_performer.training.task import ProteinLM, load_checkpoint
     if ckpt and model_name == "performer":
         return load_checkpoint(ckpt)
     # the model as scripts/train.py model=NAME builds it (conf/model/NAME.yaml over base.yaml)

@@ -190,7 +190,7 @@ def checkpoint_qkv(path: str, proteins: int, max_len: int):
     import torch
 
     from protein_performer.io import read_records
-    from protein_performer.tasks import load_checkpoint
+    from protein_performer.training.task import load_checkpoint
     task = load_checkpoint(path)
     model = task.model
     seqs = sorted((r.sequence for r in read_records(HELDOUT)), key=len, reverse=True)[:proteins]

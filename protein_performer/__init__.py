@@ -2,7 +2,7 @@
 from . import resources  # noqa: F401  (registers the ${bundled:...} config resolver; cheap)
 
 #: the names a notebook meets first -> the module that defines them
-_LAZY = {"embed_sequences": "embed", "load_pretrained": "pretrained"}
+_LAZY = {"embed_sequences": "embed", "load_pretrained": "hub.load"}
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ The config is composed once before ``hydra.main`` runs, so Hydra's own errors (a
 an unknown group option, a bad override) are one ``error:`` line with exit status 2 like
 every other error, and nothing is written yet. That composition also fixes the run folder
 (``hydra.run.dir``, handed on to ``hydra.main``), which a training run checks and records
-before Hydra writes into it (:func:`protein_performer.run_folder.open_run_folder`); Hydra's
+before Hydra writes into it (:func:`protein_performer.training.run_folder.open_run_folder`); Hydra's
 flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchanged.
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
         try:
             sys.argv = [sys.argv[0], *(a for a in args if not a.startswith("hydra.run.dir=")),
                         f"hydra.run.dir={quote(run_dir)}"]  # ${now:...} as composed here, not a second later
-            from .run_folder import check_folder_path, open_run_folder
+            from .training.run_folder import check_folder_path, open_run_folder
             check_folder_path(run_dir, "hydra.run.dir")  # Hydra creates it for every command
             if spec.run_folder and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
                 # (the other ranks of a DDP run are launched once rank zero checked and trains)

@@ -23,7 +23,7 @@ def _require(cfg: DictConfig, *keys: str, example: str) -> None:
 def train(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .training import train as train_run
+    from .training.run import train as train_run
     train_run(cfg, HydraConfig.get().runtime.output_dir)  # cli.run checked the folder and cleans up after a user error
 
 
@@ -108,7 +108,7 @@ def compare(cfg: DictConfig) -> None:
 
 
 def export(cfg: DictConfig) -> None:
-    from .pretrained import export as export_dir
+    from .hub.export import export as export_dir
     out = export_dir(cfg.ckpt, cfg.output, metrics=cfg.metrics, overwrite=bool(cfg.overwrite))
     print(f"wrote {out}: config.json, model.safetensors, vocab.txt, transformers code, README.md (model card)")
 

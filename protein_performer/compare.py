@@ -44,7 +44,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
             title: str = "Performer kernels against exact softmax", **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
-    seed, data) through :func:`protein_performer.training.train`, evaluate the last
+    seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
     with the PNG beside it). ``model_overrides[name]``: extra overrides for one model (e.g. a
     shorter crop for exact softmax), applied after the common ones and listed in the doc.
@@ -55,7 +55,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
 
     from omegaconf import OmegaConf
 
-    from .training import train
+    from .training.run import train
 
     out = Path(output_dir)
     refuse_overlap({"doc": doc}, {"heldout.path": heldout})

@@ -22,7 +22,7 @@ import torch
 from .errors import UserError, one_line
 from .files import refuse_overlap
 from .model import AttentionConfig, ModelConfig, PerformerLM
-from .pretrained import export_config, write_model_dir
+from .hub.export import export_config, write_model_dir
 from .tokenizer import ESM_TOKENS
 
 #: ESM-2's names (after the prefixes below) -> this project's; {i} a layer
@@ -201,7 +201,7 @@ def build(settings: dict, tensors: dict, attention: dict | None, where: str) -> 
 
 
 def _known_attention(att: dict) -> dict:
-    from .model import _known
+    from .model.config import _known
     return _known(AttentionConfig, att, "model.attention")
 
 

@@ -41,8 +41,9 @@ from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .errors import UserError
 from .files import WrittenFiles, atomic_path, exclusive_lock, file_sha256, remove_path
-from .inference import (LoadedModel, is_csv, load_model, pad_batch, read_sequences, sequence_id, skipped_text,
-                        weights_sha256)
+from .hub.load import LoadedModel, load_model, weights_sha256
+from .sequences import is_csv, read_sequences, sequence_id, skipped_text
+from .data.collate import pad_batch
 from .io import detect_format
 from .tokenizer import Tokenizer
 
@@ -236,7 +237,7 @@ def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] =
     CSV path, a dict id -> sequence, or a list of sequences or (id, sequence) pairs.
     With several ``layers`` each pooled entry (and each per-residue entry) becomes a dict
     keyed by absolute layer number. Rows follow input order; skipped records (the policy
-    of :mod:`protein_performer.inference`) are counted in ``skipped``. Nothing left to
+    of :mod:`protein_performer.sequences`) are counted in ``skipped``. Nothing left to
     embed is an error.
     """
     loaded = load_model(model, device)

@@ -40,8 +40,10 @@ from torch.nn.utils.rnn import pad_sequence
 from .objectives import IGNORE, Scores, score_rows, scored_example
 from .data.sampler import token_budget_batches
 from .device import resolve_device
-from .inference import load_model, pad_batch, read_sequences, skipped_text
-from .pretrained import checkpoint_step  # noqa: F401 - the step in metrics.json, read without unpickling
+from .hub.load import load_model
+from .data.collate import pad_batch
+from .sequences import read_sequences, skipped_text
+from .hub.load import checkpoint_step  # noqa: F401 - the step in metrics.json, read without unpickling
 from .tokenizer import Tokenizer
 from .errors import UserError
 from .files import atomic_path, refuse_overlap, write_json, write_text
@@ -86,7 +88,7 @@ class Protein:
 def load_proteins(path: str | Path, format: str | None = None, max_records: int | None = None,
                   unknown: str = "error", on_invalid: str = "error") -> list[Protein]:
     """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped) under the one
-    invalid-record policy of :func:`protein_performer.inference.read_sequences`."""
+    invalid-record policy of :func:`protein_performer.sequences.read_sequences`."""
     stats: dict = {}
     entries = read_sequences(path, format, unknown=unknown, on_invalid=on_invalid, stats=stats)
     proteins = [Protein(e.id, e.tokens) for e in itertools.islice(entries, max_records)]
@@ -159,7 +161,7 @@ def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: floa
                    stride: int | None = 2048, device: str = "cpu", progress: bool = True,
                    desc: str = "evaluate") -> dict:
     """Score ``sequences`` (Protein objects, strings or token arrays) with ``model`` (a
-    ProteinLM, a checkpoint path or anything :func:`protein_performer.inference.load_model` takes).
+    ProteinLM, a checkpoint path or anything :func:`protein_performer.hub.load.load_model` takes).
 
     Returns ``metrics.json``'s content: the figures overall, ``buckets`` (the same figures
     per length bucket) and ``evaluation`` (objective, seed, attention kernel and whether

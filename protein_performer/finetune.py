@@ -2,7 +2,7 @@
 
 labels (a CSV, or FLIP's per-residue FASTA) -> examples with a train / valid / test split ->
 the checkpoint's :class:`~protein_performer.model.PerformerEncoder` + a head from
-:mod:`protein_performer.heads`, trained by a Lightning Trainer on token-budget batches and
+:mod:`protein_performer.model.heads`, trained by a Lightning Trainer on token-budget batches and
 early-stopped on the validation loss (the best weights kept) -> in ``output_dir``:
 ``metrics.json`` and ``predictions.csv`` on the test split, ``model.safetensors`` (encoder +
 head) and ``finetune.json`` (what :func:`load_finetuned` needs to rebuild them).
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from .errors import UserError, first_line
 from .files import WrittenFiles, atomic_path, exclusive_lock, refuse_overlap, write_json, write_text
-from .heads import AttentionPoolingHead, SequenceClassificationHead, TokenClassificationHead, residue_mask
+from .model.heads import (AttentionPoolingHead, SequenceClassificationHead, TokenClassificationHead, residue_mask)
 from .io import _lines, read_fasta
 from .model import ModelConfig, PerformerEncoder
 from .sequences import sequence_id
@@ -262,7 +262,7 @@ class Encoded(torch.utils.data.Dataset):
 
 
 def collate(items, pad_id: int) -> dict:
-    from .inference import pad_batch
+    from .data.collate import pad_batch
     tokens, padding = pad_batch([t for t, _ in items], pad_id)
     targets = [y for _, y in items]
     if isinstance(targets[0], np.ndarray):  # per residue: aligned with the tokens after <cls>
@@ -335,7 +335,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics."""
     import pytorch_lightning as pl
 
-    from .inference import load_model
+    from .hub.load import load_model
     out = Path(output_dir)
     refuse_overlap({"output_dir": out}, {"ckpt": ckpt, "labels": labels, "sequences": sequences,
                                          "test_labels": test_labels})

@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 
 from .device import resolve_device
-from .inference import load_model
+from .hub.load import load_model
 from .errors import UserError
 from .files import refuse_overlap, write_json, write_text
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer

@@ -9,7 +9,7 @@ one, from outer K-fold cross-validation. A shuffled-label control shows what cha
 looks like with the same pipeline.
 
 Labels are a CSV/TSV (gzipped or not) with a ``label`` column and an ``id`` or ``seq``
-column; without ids a sequence is found under :func:`protein_performer.inference.sequence_id`,
+column; without ids a sequence is found under :func:`protein_performer.sequences.sequence_id`,
 the id ``scripts/embed.py`` gives CSV rows without ids.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .inference import sequence_id
+from .sequences import sequence_id
 from .io import _lines
 from .tokenizer import STANDARD_AA
 from .errors import UserError

@@ -40,7 +40,9 @@ import torch
 from .data.sampler import token_budget_batches
 from .errors import UserError
 from .files import refuse_overlap, write_json, write_text
-from .inference import load_model, pad_batch, read_sequences
+from .hub.load import load_model
+from .data.collate import pad_batch
+from .sequences import read_sequences
 from .io import ParseError, check_source, open_text
 from .sequences import MAX_MESSAGES
 from .tokenizer import AMINO_ACIDS, Tokenizer

@@ -5,10 +5,10 @@ import pathlib, subprocess, sys
 BREAKS = {
  "evaluate/validation clm: targets not shifted": ("protein_performer/objectives.py",
     "    inputs, labels = t[:-1], t[1:].clone()\n", "    inputs, labels = t[:-1], t[:-1].clone()\n"),
- "validation perplexity as exp of the mean of per-batch means": ("protein_performer/tasks.py",
+ "validation perplexity as exp of the mean of per-batch means": ("protein_performer/training/task.py",
     "        for k, v in rows.items():\n            self.val_sums[k].update(v.sum())\n",
     "        for k, v in rows.items():\n            self.val_sums[k].update(v.sum() / rows['count'].sum() if k != 'count' else torch.ones((), dtype=torch.float64))\n"),
- "validation baseline uniform 1/20": ("protein_performer/tasks.py",
+ "validation baseline uniform 1/20": ("protein_performer/training/task.py",
     "        freqs = self.aa_frequencies\n",
     "        freqs = self.aa_frequencies\n        if freqs is not None:\n            freqs = torch.zeros_like(freqs)\n            freqs[self.tokenizer.standard_aa_ids] = 1 / 20\n"),
  "frequencies from train+valid (in memory)": ("protein_performer/data/datamodule.py",

@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.errors import UserError, cli
-from protein_performer.run_folder import check_run_folder, open_run_folder
+from protein_performer.training.run_folder import check_run_folder, open_run_folder
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
-from protein_performer.training import check_checkpoint, train
+from protein_performer.training.run import check_checkpoint, train
 
 from conftest import ROOT
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from protein_performer.convert_esm import convert
-from protein_performer.pretrained import load_pretrained
+from protein_performer.hub.load import load_pretrained
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ def main(data: str, cache: str, out: str) -> None:
 
     from protein_performer.data.shard_datamodule import ShardDataModule
     from protein_performer.objectives import IGNORE
-    from protein_performer.tasks import ProteinLM
+    from protein_performer.training.task import ProteinLM
 
     class Recording(ProteinLM):
         def training_step(self, batch, i):

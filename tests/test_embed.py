@@ -16,11 +16,11 @@ import torch
 
 import protein_performer
 from protein_performer import embed as E
-from protein_performer.inference import sequence_id
+from protein_performer.sequences import sequence_id
 from protein_performer.data.sampler import token_budget_batches
-from protein_performer.inference import load_model
+from protein_performer.hub.load import load_model
 from protein_performer.io import read_fasta
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 
 from conftest import ROOT, run_command, save_checkpoint
 
@@ -279,7 +279,7 @@ def test_resume_refuses_another_checkpoint_input_or_settings(ckpt, records, tmp_
     copy = tmp_path / "copy.ckpt"
     copy.write_bytes(Path(ckpt).read_bytes())
     assert E.embed_file(copy, fasta, out, progress=False)["embedded"] == 0
-    from protein_performer.pretrained import export  # ... or from its exported directory
+    from protein_performer.hub.export import export  # ... or from its exported directory
     exported = export(ckpt, tmp_path / "exported")
     assert E.embed_file(exported, fasta, out, progress=False)["already_done"] == 6
     s = E.embed_file(other_ckpt, other_input, out, overwrite=True, progress=False)

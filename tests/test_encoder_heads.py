@@ -11,10 +11,9 @@ import torch
 import torch.nn as nn
 
 import protein_performer
-from protein_performer.heads import (LMHead, SequenceClassificationHead, TokenClassificationHead, masked_mean,
-                                     residue_mask)
+from protein_performer.model.heads import (LMHead, SequenceClassificationHead, TokenClassificationHead, masked_mean, residue_mask)
 from protein_performer.model import PerformerEncoder, PerformerLM
-from protein_performer.pretrained import load_pretrained
+from protein_performer.hub.load import load_pretrained
 from protein_performer.tokenizer import Tokenizer
 
 TOK = Tokenizer()

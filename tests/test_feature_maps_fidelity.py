@@ -140,7 +140,7 @@ def test_checkpoint_qkv_are_what_the_layers_attend_with(tmp_path):
     """(b)'s q, k, v of a (tiny, exact-attention) checkpoint: softmax attention of them, through the layer's
     output projection, is the layer's output on the same tokens; the benchmark then scores them."""
     from benchmarks import common, fidelity
-    from protein_performer.tasks import ProteinLM
+    from protein_performer.training.task import ProteinLM
 
     from conftest import save_checkpoint
     torch.manual_seed(0)
@@ -176,7 +176,7 @@ def test_projections_depend_on_the_run_seed():
 
 def test_training_sets_run_seed_and_refuses_trig():
     from protein_performer.compare import compose_train_config
-    from protein_performer.training import build_task, check_settings
+    from protein_performer.training.run import build_task, check_settings
     task = build_task(compose_train_config(["seed=7", "model.depth=1"]), None)
     assert task.model.blocks[0].attn.run_seed == 7
     with pytest.raises(UserError, match=r"^model\.attention\.kernel=trig: refused for training"):

@@ -16,7 +16,7 @@ from scipy.stats import spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, roc_auc_score
 
 from protein_performer import finetune as FT
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
 from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint

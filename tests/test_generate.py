@@ -20,7 +20,7 @@ from Bio import SeqIO
 from protein_performer.errors import UserError
 from protein_performer.generate import (GenerationError, composition, composition_report, filter_logits,
                                         generate, likelihood_summary, load_generator, run, sample_next)
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import AMINO_ACIDS, Tokenizer
 
 from conftest import save_checkpoint as save

@@ -9,10 +9,11 @@ import torch
 
 from protein_performer.errors import UserError
 from protein_performer.files import file_sha256
-from protein_performer.inference import (load_model, pad_batch, read_sequences, sequence_id,
-                                         weights_sha256)
+from protein_performer.hub.load import load_model, weights_sha256
+from protein_performer.data.collate import pad_batch
+from protein_performer.sequences import read_sequences, sequence_id
 from protein_performer.io import ParseError
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 
 from conftest import save_checkpoint as save
@@ -52,7 +53,7 @@ def test_load_model_errors_name_the_file(tmp_path):
 
 
 def test_load_model_from_an_exported_directory(tmp_path):
-    from protein_performer.pretrained import export
+    from protein_performer.hub.export import export
     m = tiny("clm")
     v = m.tokenizer.vocab_size
     m.hparams.aa_frequencies = [float(i) / (v * (v - 1) / 2) for i in range(v)]

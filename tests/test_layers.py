@@ -6,10 +6,10 @@ import ast
 from conftest import ROOT
 
 LAYERS = [  # lowest first
-    ("core", {"errors", "tokenizer", "io", "attention", "model", "objectives", "device", "sequences", "resources", "files", "heads"}),
+    ("core", {"errors", "tokenizer", "io", "formats", "attention", "model", "objectives", "device", "sequences", "resources", "files"}),
     ("data", {"data"}),
-    ("training", {"tasks", "training", "run_folder", "run_logging", "quiet"}),
-    ("inference", {"inference", "pretrained"}),
+    ("training", {"training"}),
+    ("hub", {"hub"}),
     ("applications", {"evaluate", "embed", "generate", "probe", "compare", "export", "score", "finetune", "convert_esm", "cli", "commands"}),
 ]
 

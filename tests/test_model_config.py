@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 
 from protein_performer.errors import UserError
 from protein_performer.model import ModelConfig, PerformerLM
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 
 KERNEL = {"performer": "softmax", "performer_relu": "relu", "favorpp": "favor++", "linear": "elu",
           "transformer": "exact"}

@@ -17,7 +17,7 @@ from protein_performer.data.datasets import CropDataset
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.data.split import split_of
 from protein_performer.objectives import IGNORE, scored_example
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
 TOK = Tokenizer()

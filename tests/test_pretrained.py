@@ -1,4 +1,4 @@
-"""Exported models (protein_performer.pretrained): the directory loads back without Lightning or
+"""Exported models (protein_performer.hub): the directory loads back without Lightning or
 pickle to the checkpoint's own logits, for every kernel and both objectives; transformers opens
 it (self-contained remote code) to the same logits; broken files are one-line errors naming
 them; the model card reports only what was measured or recorded."""
@@ -18,8 +18,9 @@ from safetensors.torch import load_file, save_file
 from protein_performer.errors import UserError
 from protein_performer.io import read_records
 from protein_performer.attention.feature_maps import REGISTRY
-from protein_performer.pretrained import export, is_pretrained_dir, load_pretrained
-from protein_performer.tasks import ProteinLM, load_checkpoint
+from protein_performer.hub.export import export
+from protein_performer.hub.load import is_pretrained_dir, load_pretrained
+from protein_performer.training.task import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import Tokenizer
 
 from conftest import ROOT
@@ -173,7 +174,7 @@ def refuse(*a, **k): raise AssertionError("unpickling")
 ref = torch.load({str(out.parent / 'ref.pt')!r})
 torch.load = pickle.load = pickle.loads = refuse
 pickle.Unpickler = refuse
-from protein_performer.pretrained import load_pretrained
+from protein_performer.hub.load import load_pretrained
 model, tok = load_pretrained({str(out)!r})
 assert not [m for m in sys.modules if m.split('.')[0] in ('pytorch_lightning', 'lightning', 'transformers')]
 tokens = torch.tensor({tokens.tolist()})
@@ -269,7 +270,7 @@ def test_export_refuses_existing_output_and_replaces_it_when_asked(tmp_path):
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
-    import protein_performer.pretrained as pretrained
+    import protein_performer.hub.export as pretrained
     ckpt = make_checkpoint(tmp_path / "run", "elu", "mlm")
 
     def broken(*a, **k):
@@ -281,7 +282,7 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
 
 
 def test_export_checks_the_written_directory_against_the_checkpoint(tmp_path, monkeypatch):
-    import protein_performer.pretrained as pretrained
+    import protein_performer.hub.export as pretrained
     ckpt = make_checkpoint(tmp_path / "run", "softmax", "mlm")
     write = pretrained._write_weights
 
@@ -421,7 +422,7 @@ def test_transformers_code_knows_every_registered_kernel():
     """The exported code is self-contained (no protein_performer import), so its kernel list is a copy:
     it must equal the registry's linear kernels."""
     import ast
-    tree = ast.parse((ROOT / "protein_performer" / "hf_code" / "modeling_protein_performer.py").read_text())
+    tree = ast.parse((ROOT / "protein_performer" / "hub" / "hf_code" / "modeling_protein_performer.py").read_text())
     listed = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                   and getattr(n.targets[0], "id", None) == "LINEAR_KERNELS")
     assert set(listed) == {k for k, spec in REGISTRY.items() if spec.build is not None}

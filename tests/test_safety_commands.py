@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 
 from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
 
@@ -130,7 +130,7 @@ def test_no_command_runs_code_from_a_file(tmp_path, capsys, monkeypatch, ckpts, 
 
 
 def test_the_step_of_a_checkpoint_is_read_without_unpickling(tmp_path, monkeypatch, ckpts):
-    from protein_performer.pretrained import checkpoint_step
+    from protein_performer.hub.load import checkpoint_step
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     assert checkpoint_step(evil_file(tmp_path / "e.ckpt", tmp_path / "marker")) is None
     assert checkpoint_step(evil_file(tmp_path / "r.ckpt", tmp_path / "marker", ckpts["mlm"])) is None
@@ -385,7 +385,7 @@ def test_export_killed_at_seeded_points_leaves_the_old_or_the_new_export(tmp_pat
     run_dir = user_folder(tmp_path / "run")
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "last.ckpt").write_bytes(Path(ckpts["mlm"]).read_bytes())
-    job = ("import protein_performer.tasks\nfrom protein_performer.pretrained import export; "
+    job = ("import protein_performer.training.task\nfrom protein_performer.hub.export import export; "
            "export('run/checkpoints/last.ckpt', '{out}', overwrite=True)")
     points = kill_points(job.format(out="clean"), tmp_path, k=4, seed=5)
     clean = checksums(tmp_path / "clean")

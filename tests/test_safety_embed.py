@@ -21,7 +21,7 @@ import torch
 
 from protein_performer import embed as E
 from protein_performer.files import file_sha256
-from protein_performer.pretrained import export
+from protein_performer.hub.export import export
 
 from conftest import ROOT, save_checkpoint
 from test_embed import h5_contents, run_script, tiny

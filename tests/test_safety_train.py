@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from protein_performer.errors import UserError
-from protein_performer.training import train
+from protein_performer.training.run import train
 
 from conftest import ROOT
 

@@ -162,7 +162,7 @@ def test_lightning_resume_mid_epoch_continues_the_same_batches(small, tmp_path, 
 
 def test_fasta_config_trains_on_a_local_file(small, tmp_path):
     path, cache, _ = small
-    from protein_performer.training import train
+    from protein_performer.training.run import train
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[
             "data=fasta", f"data.path={path}", f"data.data_dir={cache}", "data.max_len=128", "data.max_tokens=2048",

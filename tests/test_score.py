@@ -15,7 +15,7 @@ import torch
 
 from protein_performer import score as S
 from protein_performer.objectives import score_rows, scored_example
-from protein_performer.tasks import ProteinLM
+from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
 from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint

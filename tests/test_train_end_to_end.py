@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 
 from protein_performer.data.collate import Collator
 from protein_performer.io import read_fasta
-from protein_performer.tasks import load_checkpoint
-from protein_performer.training import train
+from protein_performer.training.task import load_checkpoint
+from protein_performer.training.run import train
 
 from conftest import ROOT, SAMPLE
 

@@ -15,10 +15,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from protein_performer import run_logging
+from protein_performer.training import run_logging
 from protein_performer.io import read_fasta
-from protein_performer.run_logging import Throughput
-from protein_performer.training import train
+from protein_performer.training.run_logging import Throughput
+from protein_performer.training.run import train
 
 from conftest import ROOT
 

@@ -1,6 +1,9 @@
 """Batch assembly: dynamic padding, then the objective's inputs and labels."""
 from __future__ import annotations
 
+from typing import Iterable
+
+import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -37,3 +40,17 @@ class Collator:
             else:
                 inputs, labels = mask_tokens(tokens, self.tokenizer, None, self.mask_prob)
         return {"inputs": inputs, "labels": labels, "padding_mask": inputs == pad}
+
+
+def pad_batch(tokens: Iterable[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token arrays -> (B, L) LongTensor padded with ``pad_id`` on the right, and the
+    padding mask (True at padding), or None when no row is padded: exact attention then
+    needs no L x L mask and SDPA can use its flash kernel."""
+    rows = [torch.as_tensor(np.asarray(t, dtype=np.int64)) for t in tokens]
+    lengths = torch.tensor([len(r) for r in rows])
+    out = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    if bool((lengths == lengths.max()).all()):
+        return out, None
+    return out, torch.arange(out.shape[1])[None, :] >= lengths[:, None]

@@ -24,15 +24,15 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
-from .attention.feature_maps import REGISTRY
-from .errors import UserError, first_line
-from .files import atomic_path
-from .model import ModelConfig
-from .objectives import check_objective
+from ..attention.feature_maps import REGISTRY
+from ..errors import UserError, first_line
+from ..files import atomic_path
+from ..model import ModelConfig
+from ..objectives import check_objective
 from .quiet import quiet_libraries
 from .run_folder import check_own_files, check_run_folder, journal, replacing_run
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
-from .tasks import ProteinLM
+from .task import ProteinLM
 
 log = logging.getLogger(__name__)
 

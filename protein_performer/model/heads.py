@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tokenizer import Tokenizer
+from ..tokenizer import Tokenizer
 
 
 class LMHead(nn.Module):

@@ -2,7 +2,7 @@
 filter): Lightning's product tips and its notice that ``limit_val_batches=1.0`` uses 100 %
 of the batches, a torch deprecation raised inside Lightning's own code (``LeafSpec``), and
 the non-empty checkpoint folder warning (training checks its folder itself:
-:mod:`protein_performer.run_folder`)."""
+:mod:`protein_performer.training.run_folder`)."""
 from __future__ import annotations
 
 import logging

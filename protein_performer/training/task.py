@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import Timer
 from torchmetrics import SumMetric
 
-from .model import ModelConfig, PerformerLM
-from .objectives import IGNORE, SUMS, Scores, check_objective, score_rows
-from .tokenizer import VERSION, Tokenizer
-from .errors import UserError, first_line
+from ..model import ModelConfig, PerformerLM
+from ..objectives import IGNORE, SUMS, Scores, check_objective, score_rows
+from ..tokenizer import VERSION, Tokenizer
+from ..errors import UserError, first_line
 
 
 class ProteinLM(pl.LightningModule):

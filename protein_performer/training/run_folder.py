@@ -22,8 +22,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from .errors import UserError, user_error
-from .files import WrittenFiles
+from ..errors import UserError, user_error
+from ..files import WrittenFiles
 
 JOURNAL = ".protein-performer.json"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")

@@ -1,0 +1,102 @@
+"""Everything that defines the model, as one typed :class:`ModelConfig` (conf/model/*.yaml holds
+the same keys; ``attention`` is an :class:`AttentionConfig`), checked before any work."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping
+
+from ..attention.feature_maps import KERNELS, NB_FEATURES
+from ..errors import UserError
+from ..tokenizer import VOCABULARIES, Tokenizer
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    kernel: str = "softmax"         # softmax (FAVOR+) | favor++ | relu | trig | elu | exact
+    nb_features: int = NB_FEATURES  # random features (softmax, favor++, relu, trig)
+    chunk_size: int = 128           # causal linear attention: prefix sums chunk by chunk
+    redraw_interval: int | None = 1000  # training forward calls between projection redraws (0/None: never)
+    orthogonal: bool = True         # orthogonal (vs iid) random features
+    relu_projection: bool = True    # the relu kernel with (True) or without a random projection
+    run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What defines a PerformerLM, with the key names of conf/model/base.yaml."""
+    vocab_size: int = Tokenizer().vocab_size
+    dim: int = 128
+    depth: int = 4
+    heads: int = 4
+    ff_mult: int = 4
+    dropout: float = 0.1
+    causal: bool = False
+    position: str = "rotary"        # rotary (any length) | learned (up to max_positions)
+    max_positions: int = 1024       # learned positions only: the longest input the model accepts
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # --- what ESM-2 converted by convert-esm needs; the defaults are protein-performer's own models
+    vocabulary: str = "protein-performer"  # protein-performer | esm (ESM's 33 tokens in ESM's id order)
+    qkv_bias: bool = False          # biased q, k, v projections (the output projection always has a bias)
+    norm_eps: float = 1e-5          # every LayerNorm's epsilon
+    token_dropout: bool = False     # ESM-2's: <mask> embeddings zeroed, all scaled by 0.88 / (1 - masked fraction)
+    lm_head: str = "tied"           # tied: h E^T + b | esm: dense, GELU, LayerNorm, then E^T + b
+    rotary_inv_freq: str = "float64"  # rotary frequencies computed in float64 | float32 (as ESM computes them)
+
+    def __post_init__(self):
+        if isinstance(self.attention, Mapping):
+            object.__setattr__(self, "attention", AttentionConfig(**_known(AttentionConfig, self.attention,
+                                                                           "model.attention")))
+        for key, allowed in (("vocabulary", VOCABULARIES), ("lm_head", ("tied", "esm")),
+                             ("rotary_inv_freq", ("float64", "float32"))):
+            if getattr(self, key) not in allowed:
+                raise UserError(f"model.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise UserError(f"model.norm_eps must be a positive number, got {self.norm_eps!r}")
+        if self.token_dropout and self.causal:
+            raise UserError("model.token_dropout is ESM-2's masked-LM embedding scaling: not for a causal model")
+        if self.position not in ("rotary", "learned"):
+            raise UserError(f"model.position must be 'rotary' or 'learned', got {self.position!r}")
+        if self.attention.kernel not in KERNELS:
+            raise UserError(f"model.attention.kernel={self.attention.kernel!r}: choose one of {', '.join(KERNELS)}")
+        for key in ("vocab_size", "dim", "depth", "heads", "ff_mult", "max_positions"):
+            _positive_int(f"model.{key}", getattr(self, key))
+        _positive_int("model.attention.nb_features", self.attention.nb_features)
+        _positive_int("model.attention.chunk_size", self.attention.chunk_size)
+        if self.attention.kernel == "trig" and self.attention.nb_features % 2:
+            raise UserError(f"model.attention.nb_features={self.attention.nb_features}: the trig kernel "
+                            f"needs an even number (sin and cos features)")
+        if self.attention.redraw_interval:  # 0 / None: never redraw
+            _positive_int("model.attention.redraw_interval", self.attention.redraw_interval)
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise UserError(f"model.dropout must be a number in [0, 1), got {self.dropout!r}")
+        if self.dim % self.heads:
+            raise UserError(f"model.dim={self.dim} is not divisible by model.heads={self.heads}")
+        if (self.dim // self.heads) % 2 and self.position == "rotary":
+            raise UserError(f"model.dim / model.heads = {self.dim // self.heads} is odd; rotary positions "
+                            f"rotate pairs of features: use an even head size or model.position=learned")
+
+    @classmethod
+    def from_dict(cls, d: Mapping, **extra) -> "ModelConfig":
+        """From a conf/model dict (``name`` ignored; ``max_len``, the old name of
+        ``max_positions``, accepted): an unknown key is a one-line error naming it."""
+        d = {k: v for k, v in {**d, **extra}.items() if k != "name"}
+        if "max_len" in d:
+            d["max_positions"] = d.pop("max_len")
+        return cls(**_known(cls, d, "model"))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _positive_int(key: str, value) -> None:
+    """Checked before any work: ``model.depth=0`` would train a model without layers, exit 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{key} must be a positive integer, got {value!r}")
+
+
+def _known(cls, d: Mapping, where: str) -> dict:
+    names = [f.name for f in fields(cls)]
+    for k in d:
+        if k not in names:
+            raise UserError(f"{where}.{k}: unknown key (known: {', '.join(names)})")
+    return dict(d)
