@@ -5,7 +5,8 @@ the checkpoint's :class:`~protein_performer.model.PerformerEncoder` + a head fro
 :mod:`protein_performer.model.heads`, trained by a Lightning Trainer on token-budget batches and
 early-stopped on the validation loss (the best weights kept) -> in ``output_dir``:
 ``metrics.json`` and ``predictions.csv`` on the test split, ``model.safetensors`` (encoder +
-head) and ``finetune.json`` (what :func:`load_finetuned` needs to rebuild them).
+head) and ``finetune.json`` (what :func:`~protein_performer.hub.export.load_finetuned` needs to rebuild
+them; ``export ckpt=output_dir`` makes a transformers directory of them).
 
 Every input is read and checked before the model trains, and nothing is written before the
 training ends: a bad file is one line naming file and line, with nothing written.
@@ -30,18 +31,18 @@ import torch.nn.functional as F
 
 from .errors import UserError, first_line
 from .files import WrittenFiles, atomic_path, exclusive_lock, refuse_overlap, write_json, write_text
-from .model.heads import (AttentionPoolingHead, SequenceClassificationHead, TokenClassificationHead, residue_mask)
-from .io import _lines, read_fasta
-from .model import ModelConfig, PerformerEncoder
-from .sequences import sequence_id
+from .hub.export import FINETUNE_CONFIG as CONFIG
+from .model.heads import FineTuneNet
+from .formats.fasta import read_fasta
+from .formats.tabular import csv_reader, sequence_id
+from .formats.text import numbered_lines
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 TASKS = ("classification", "regression", "residue")
 SPLITS = ("train", "valid", "test")
-POOLINGS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead}
-METRICS, PREDICTIONS, WEIGHTS, CONFIG = "metrics.json", "predictions.csv", "model.safetensors", "finetune.json"
+METRICS, PREDICTIONS, WEIGHTS = "metrics.json", "predictions.csv", "model.safetensors"
 JOURNAL = ".finetune-files.json"  # what finetune wrote into output_dir: what a rerun may replace
 MISSING = {"", "na", "n/a", "nan", "null", "none"}
 IGNORE = -100  # per-residue targets at <cls>, <eos> and padding
@@ -72,7 +73,7 @@ def read_examples(path: str | Path, task: str, sequences: str | Path | None = No
         if not Path(sequences).is_file():
             raise FileNotFoundError(f"sequences {sequences}: no such file")
         by_id = {r.id: r.sequence for r in read_fasta(sequences)}
-    first = next((line for _, line in _lines(path) if line.strip()), "")
+    first = next((line for _, line in numbered_lines(path) if line.strip()), "")
     ex = Examples([], [], [], [])
 
     def add(n: int, rid: str, seq: str | None, label: str, split: str | None):
@@ -126,8 +127,7 @@ def read_examples(path: str | Path, task: str, sequences: str | Path | None = No
 
 
 def _read_csv(path: Path, add, have_sequences: bool) -> None:
-    delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
-    reader = csv.reader((line for _, line in _lines(path)), delimiter=delim, strict=True)
+    reader = csv_reader(path)
     try:
         header = [h.strip().lower() for h in next(reader, [])]
         col = {name: header.index(name) for name in ("id", "seq", "sequence", "label", "split") if name in header}
@@ -172,81 +172,9 @@ def assign_splits(ex: Examples, valid_fraction: float, test_fraction: float, see
 
 
 # --- the model --------------------------------------------------------------------------
-class FineTuneNet(nn.Module):
-    """An encoder and a task head: (B, L) tokens -> (B, outputs), or (B, L, outputs) per residue."""
-
-    def __init__(self, encoder: PerformerEncoder, task: str, num_outputs: int, pooling: str = "mean",
-                 dropout: float = 0.1):
-        super().__init__()
-        if pooling not in POOLINGS:
-            raise UserError(f"pooling={pooling!r}: choose one of {', '.join(POOLINGS)}")
-        self.task, self.encoder = task, encoder
-        dim = encoder.config.dim
-        self.head = (TokenClassificationHead if task == "residue" else POOLINGS[pooling])(dim, num_outputs, dropout)
-        self.frozen: list[nn.Module] = []
-        # the encoder's vocabulary (a model converted from ESM reads ESM's ids)
-        self.tokenizer = Tokenizer(vocabulary=getattr(encoder.config, "vocabulary", "protein-performer"))
-        for m in encoder.modules():  # the projections it was trained with: the head learns on those
-            if hasattr(m, "redraw_interval"):
-                m.redraw_interval = 0
-
-    def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.encoder(tokens, padding_mask)
-        return self.head(h) if self.task == "residue" else self.head(h, residue_mask(tokens, self.tokenizer))
-
-    def freeze(self, how) -> None:
-        """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no
-        gradient and stay in eval mode (no dropout), so their weights stay bit-identical."""
-        enc = self.encoder
-        if str(how).lower() == "all":
-            parts = [enc]
-        elif str(how).lower() == "none":
-            parts = []
-        elif isinstance(how, int) and not isinstance(how, bool) and 0 <= how <= enc.depth:
-            parts = [enc.embed, enc.pos_embed, *enc.blocks[:how]] if how else []
-        else:
-            raise UserError(f"freeze={how!r}: all, none, or a number of layers from 0 to {enc.depth}")
-        self.frozen = [m for m in parts if m is not None]
-        for m in self.frozen:
-            m.requires_grad_(False)
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        for m in self.frozen:
-            m.eval()
-        return self
-
-    def checkpoint_blocks(self) -> None:
-        """Recompute each block's activations in the backward pass instead of keeping them:
-        memory for one block's activations, not ``depth`` of them (long proteins fit)."""
-        from torch.utils.checkpoint import checkpoint
-
-        def run(forward, x, mask):
-            return checkpoint(forward, x, mask, use_reentrant=False) if torch.is_grad_enabled() else forward(x, mask)
-        for block in self.encoder.blocks:
-            block.forward = partial(run, block.forward)
-
-
 def _state(net: nn.Module) -> dict[str, torch.Tensor]:
     """Tensors only: the attention layers' ``_extra_state`` (redraw counters) is not a weight."""
     return {k: v for k, v in net.state_dict().items() if isinstance(v, torch.Tensor)}
-
-
-def load_finetuned(output_dir: str | Path, device: str = "cpu") -> tuple[FineTuneNet, dict]:
-    """A finetune output folder -> (the fine-tuned network in eval mode, its finetune.json)."""
-    import json
-
-    from safetensors.torch import load_file
-    d = Path(output_dir)
-    meta = json.loads((d / CONFIG).read_text())
-    net = FineTuneNet(PerformerEncoder(ModelConfig.from_dict(meta["model"])), meta["task"],
-                      meta["num_outputs"], meta["pooling"], meta["dropout"])
-    missing, unexpected = net.load_state_dict(load_file(str(d / WEIGHTS)), strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing or unexpected:
-        raise UserError(f"{d / WEIGHTS}: tensors do not match {CONFIG} "
-                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return net.to(device).eval(), meta
 
 
 # --- batches ----------------------------------------------------------------------------
@@ -331,8 +259,12 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              freeze="none", dropout: float = 0.1, lr: float = 1e-4, head_lr: float = 1e-3,
              weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
+             lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None) -> dict:
-    """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics."""
+    """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
+    LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
+    feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged into
+    the weights at the end."""
     import pytorch_lightning as pl
 
     from .hub.load import load_model
@@ -344,6 +276,9 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
     if int(max_tokens) < 1:
         raise UserError(f"max_tokens={max_tokens}: must be positive")
+    if lora and str(freeze).lower() != "none":
+        raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
+                        f"block; leave freeze=none")
     tok = Tokenizer(unknown=unknown, unknown_key="unknown")
     ex = read_examples(labels, task, sequences, tok)
     if test_labels is not None:
@@ -370,6 +305,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     torch.manual_seed(seed)
     net = FineTuneNet(encoder, task, 1 if task == "regression" else len(classes), pooling, dropout)
     net.freeze(freeze)
+    if lora:
+        net.add_lora(lora_rank, float(lora_alpha), float(lora_dropout))
     if gradient_checkpointing:
         net.checkpoint_blocks()
 
@@ -396,11 +333,14 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
+            net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
             fit.fit(module, _loader(data["train"], tok.pad_id, max_tokens, train=True, seed=seed),
                     _loader(data["valid"], tok.pad_id, max_tokens))
             seconds = time.perf_counter() - start
             if module.best is not None:
                 net.load_state_dict(module.best, strict=False)
+            if lora:
+                net.merge_lora()
             net = net.cpu().eval()
             predictions, scores = predict(net, data["test"], max_tokens, classes, scale)
 
@@ -412,6 +352,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           best_val_loss=module.best_loss if module.best is not None else None)
             meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
+                    "lora": {"rank": lora_rank, "alpha": float(lora_alpha), "dropout": float(lora_dropout)} if lora else None,
                     "model": encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
                            predictions, scores)

@@ -16,6 +16,7 @@ from scipy.stats import spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, roc_auc_score
 
 from protein_performer import finetune as FT
+from protein_performer.hub.export import load_finetuned
 from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
@@ -173,7 +174,7 @@ def test_freeze_all_leaves_the_encoder_bit_identical_and_the_weights_reproduce_p
     assert {k.removeprefix("encoder.") for k in saved if k.startswith("encoder.")} == set(before)
     for k, v in before.items():
         assert torch.equal(saved["encoder." + k], v), k
-    net, meta = FT.load_finetuned(out)
+    net, meta = load_finetuned(out)
     head0 = FT.FineTuneNet(task.model.encoder, "classification", 2, "attention", 0.0)
     assert not torch.equal(net.head.out.weight, head0.head.out.weight)  # the head did train
     p = predictions(out)

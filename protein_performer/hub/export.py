@@ -12,13 +12,22 @@ import torch
 
 from ..errors import UserError, one_line
 from ..files import WrittenFiles, remove_path
-from ..model import ModelConfig, PerformerLM
+from ..model import ModelConfig, PerformerEncoder, PerformerLM
+from ..model.heads import FineTuneNet
 from ..tokenizer import VERSION, Tokenizer
 from .card import model_card
-from .load import (ARCHITECTURES, CARD, CONFIG, JOURNAL, MODEL_TYPE, REMOTE_CODE, TOKENIZER_CONFIG, VOCAB, WEIGHTS,
-                   _exported_state, _some, checkpoint_step, load_pretrained)
+from .load import (ARCHITECTURES, CARD, CONFIG, JOURNAL, MODEL_KEYS, MODEL_TYPE, REMOTE_CODE, TOKENIZER_CONFIG, VOCAB,
+                   WEIGHTS, _exported_state, _some, checkpoint_step, load_pretrained, load_weights, read_config)
 
 
+#: what ``finetune`` writes beside its model.safetensors (encoder + head): task, classes, head, encoder config
+FINETUNE_CONFIG = "finetune.json"
+#: the transformers class and auto class of a fine-tuned task's export
+HEAD_ARCHITECTURES = {
+    "classification": ("ProteinPerformerForSequenceClassification", "AutoModelForSequenceClassification"),
+    "regression": ("ProteinPerformerForSequenceClassification", "AutoModelForSequenceClassification"),
+    "residue": ("ProteinPerformerForTokenClassification", "AutoModelForTokenClassification"),
+}
 #: a real protein (ubiquitin), scored by export to check the written directory
 CHECK_SEQUENCE = "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEGIPPDQQRLIFAGKQLEDGRTLSDYNIQKESTLHLVLRLRGG"
 
@@ -41,6 +50,17 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
     refuse_overlap({"output": out}, {"ckpt": ckpt_path, "metrics": metrics})
     if out.exists() and not out.is_dir():
         raise UserError(f"output {out}: exists and is not a directory")
+    if (ckpt_path / FINETUNE_CONFIG).is_file():  # a finetune output: the encoder and its task head
+        if metrics:
+            raise UserError(f"metrics={metrics}: a finetune output's card takes the test figures of its own "
+                            f"metrics.json; leave metrics unset")
+        if out.resolve().is_relative_to(ckpt_path.resolve()):
+            raise UserError(f"output {out}: is inside the finetune output {ckpt_path}; choose another output")
+        net, meta = load_finetuned(ckpt_path)
+        test = ckpt_path / "metrics.json"
+        card = finetuned_card(config := finetuned_config(net, meta),
+                              json.loads(test.read_text(encoding="utf-8")) if test.is_file() else None)
+        return write_model_dir(out, net, config, card, overwrite=overwrite)
     module = load_checkpoint(str(ckpt_path))
     step = checkpoint_step(ckpt_path)
     config = export_config(module.model.config, dict(module.hparams), step)
@@ -49,7 +69,7 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
     return write_model_dir(out, module.model, config, card, overwrite=overwrite)
 
 
-def write_model_dir(out: Path, model: PerformerLM, config: dict, card: str, overwrite: bool = False) -> Path:
+def write_model_dir(out: Path, model: PerformerLM | FineTuneNet, config: dict, card: str, overwrite: bool = False) -> Path:
     """Write ``model`` as an exported directory ``out`` (export and convert-esm share this): one writer
     per output (a lock beside it), what a killed run left beside it finished or undone, an existing
     non-empty ``out`` replaced only with ``overwrite`` and only when export wrote it; the files go to
@@ -70,7 +90,7 @@ def write_model_dir(out: Path, model: PerformerLM, config: dict, card: str, over
             (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
             _write_weights(model, tmp / WEIGHTS)
             shutil.copymode(tmp / CONFIG, tmp / WEIGHTS)  # safetensors writes owner-only; share like the rest
-            _write_tokenizer(tmp, Tokenizer(vocabulary=model.config.vocabulary))
+            _write_tokenizer(tmp, Tokenizer(vocabulary=getattr(model, "encoder", model).config.vocabulary))
             for name in REMOTE_CODE:
                 shutil.copyfile(Path(__file__).parent / "hf_code" / name, tmp / name)
             (tmp / CARD).write_text(card, encoding="utf-8")
@@ -193,11 +213,14 @@ def _write_tokenizer(d: Path, tokenizer: Tokenizer = Tokenizer()) -> None:
     (d / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def _check_export(d: Path, model: PerformerLM) -> None:
+def _check_export(d: Path, model: PerformerLM | FineTuneNet) -> None:
     """Load the written directory back and demand the checkpoint's logits (to float32 round-off:
     a forgotten buffer or setting changes them by far more)."""
-    loaded, tok = load_pretrained(d)
-    ids = torch.as_tensor(tok.encode(CHECK_SEQUENCE), dtype=torch.long)[None, :model.max_positions]
+    if isinstance(model, FineTuneNet):
+        (loaded, _), tok = load_finetuned(d), model.tokenizer
+    else:
+        loaded, tok = load_pretrained(d)
+    ids = torch.as_tensor(tok.encode(CHECK_SEQUENCE), dtype=torch.long)[None, :getattr(model, "encoder", model).max_positions]
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -213,3 +236,86 @@ def _package_version() -> str | None:
         return version("protein-performer")
     except PackageNotFoundError:
         return None
+
+
+# --- fine-tuned heads -------------------------------------------------------------------------
+def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
+    """A finetune output folder (finetune.json) or its export (config.json with a task head) ->
+    (the fine-tuned network in eval mode, its settings: task, classes, num_outputs, pooling,
+    dropout, target_scale, model). A missing or inconsistent file is one line naming it."""
+    d = Path(path)
+    if (d / FINETUNE_CONFIG).is_file():
+        where = d / FINETUNE_CONFIG
+        try:
+            meta = json.loads(where.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{where}: not valid JSON ({one_line(e)})") from e
+    elif (d / CONFIG).is_file():
+        where, config = d / CONFIG, read_config(d / CONFIG)
+        if "finetune_task" not in config:
+            raise UserError(f"{where}: a language model without a task head (load_pretrained opens it)")
+        labels = [config["id2label"][str(i)] for i in range(config["num_labels"])] if "id2label" in config else []
+        meta = {"task": config["finetune_task"], "classes": [] if config["finetune_task"] == "regression" else labels,
+                "num_outputs": config.get("num_labels"), "pooling": config.get("pooling", "mean"),
+                "dropout": config.get("classifier_dropout", 0.0), "target_scale": config.get("target_scale"),
+                "model": {k: v for k, v in config.items() if k in MODEL_KEYS}}
+    else:
+        raise UserError(f"{d}: neither a finetune output ({FINETUNE_CONFIG}) nor an exported model ({CONFIG})")
+    try:
+        encoder = PerformerEncoder(ModelConfig.from_dict(meta["model"]))
+        net = FineTuneNet(encoder, meta["task"], int(meta["num_outputs"]), meta["pooling"], float(meta["dropout"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{where}: bad fine-tuned model settings ({one_line(e)})") from e
+    load_weights(net, d / WEIGHTS)
+    return net.to(device).eval(), meta
+
+
+def finetuned_config(net: FineTuneNet, meta: dict) -> dict:
+    """config.json of a fine-tuned model: the encoder's (as :func:`export_config`) and the head's,
+    in transformers' terms (num_labels, id2label, problem_type) and protein-performer's
+    (finetune_task, pooling, target_scale: regression outputs are standardized)."""
+    enc = net.encoder.config
+    config = export_config(enc, {"objective": "clm" if enc.causal else "mlm"}, None)
+    arch, _ = HEAD_ARCHITECTURES[meta["task"]]
+    labels = meta["classes"] or ["value"]
+    config.update({
+        "architectures": [arch],
+        # both auto classes, so that the wrong one says which to use (the model class checks)
+        "auto_map": {"AutoConfig": config["auto_map"]["AutoConfig"],
+                     **{a: f"modeling_protein_performer.{c}" for c, a in HEAD_ARCHITECTURES.values()}},
+        "finetune_task": meta["task"], "pooling": meta["pooling"], "classifier_dropout": meta["dropout"],
+        "target_scale": meta["target_scale"], "num_labels": len(labels),
+        "id2label": {str(i): c for i, c in enumerate(labels)}, "label2id": {c: i for i, c in enumerate(labels)},
+        "problem_type": "regression" if meta["task"] == "regression" else "single_label_classification",
+        "finetune": {k: meta.get(k) for k in ("freeze", "lora", "source")},
+    })
+    return json.loads(json.dumps(config))
+
+
+def finetuned_card(config: dict, metrics: dict | None) -> str:
+    """README.md of a fine-tuned model: the task, its test figures (finetune's metrics.json), use."""
+    task, arch = config["finetune_task"], config["architectures"][0]
+    auto = HEAD_ARCHITECTURES[task][1]
+    what = {"classification": f"one of {config['num_labels']} classes per protein ({config['pooling']} pooling)",
+            "regression": f"a value per protein ({config['pooling']} pooling; logits are standardized: "
+                          f"prediction = logits * {config['target_scale'][1]:.6g} + {config['target_scale'][0]:.6g})",
+            "residue": f"one of {config['num_labels']} classes per residue"}[task]
+    shown = {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    lines = ["---", "library_name: transformers", "tags: [protein, protein-language-model, performer, protein-performer]",
+             "---", "", f"# protein-performer fine-tuned model: {task}", "",
+             f"`{arch}`: {what}, over a protein-performer encoder ({config['attention']['kernel']} attention, dim "
+             f"{config['dim']}, depth {config['depth']}) fine-tuned by `protein-performer finetune` "
+             f"(freeze {config['finetune']['freeze']}" + (", LoRA merged into the weights" if config["finetune"]["lora"]
+                                                           else "") + ").", "",
+             "Labels: " + ", ".join(f"{i} = `{c}`" for i, c in config["id2label"].items()) + ".", "", "## Test split", ""]
+    lines += ([f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in shown.items()]
+              or ["Not recorded (no metrics.json in the finetune output)."])
+    lines += ["", "## Use", "", "```python", f"from transformers import AutoTokenizer, {auto}",
+              "tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/directory\")",
+              f"model = {auto}.from_pretrained(\"path/to/this/directory\", trust_remote_code=True)",
+              "logits = model(**tokenizer([\"MKTAYIAKQR\"], return_tensors=\"pt\")).logits", "```", "",
+              "With protein-performer: `protein_performer.hub.export.load_finetuned(\"path/to/this/directory\")`. "
+              "The transformers code gives protein-performer's logits (tested to 1e-5).", "", "## Licence", "",
+              "- code (`*.py` here and protein-performer): MIT; weights: state the licence of the pretraining and "
+              "label data before publishing."]
+    return "\n".join(lines) + "\n"

@@ -1,14 +1,18 @@
 """Heads over :class:`~protein_performer.model.PerformerEncoder`'s hidden states (B, L, dim).
 
 The language model's head is tied to the token embedding; the task heads (a value per
-protein, a label per residue) are what fine-tuning adds on top of a pretrained encoder.
+protein, a label per residue) are what fine-tuning adds on top of a pretrained encoder, and
+:class:`FineTuneNet` is the two together (what ``finetune`` trains and ``export`` writes).
 """
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import UserError
 from ..tokenizer import Tokenizer
 
 
@@ -95,3 +99,89 @@ class AttentionPoolingHead(nn.Module):
             s = s.masked_fill(~residues, float("-inf"))
         w = torch.softmax(s, -1).nan_to_num(0.0).to(hidden.dtype)  # a row without residues pools to 0
         return self.out(self.drop(torch.einsum("bl,bld->bd", w, hidden)))
+
+
+# --- an encoder with a task head (what finetune trains and export writes) ------------------
+#: the projections LoRA adapts: attention's q/k/v and output, the feed-forward's two layers
+LORA_TARGETS = ("to_qkv", "to_out", "fc1", "fc2")
+TASK_HEADS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead}
+
+
+class FineTuneNet(nn.Module):
+    """An encoder and a task head: (B, L) tokens -> (B, outputs), or (B, L, outputs) per residue
+    (``task="residue"``). Its state_dict keys are ``encoder.*`` and ``head.*``, as the fine-tuned
+    model.safetensors and the transformers code of an exported head have them."""
+
+    def __init__(self, encoder: nn.Module, task: str, num_outputs: int, pooling: str = "mean",
+                 dropout: float = 0.1):
+        super().__init__()
+        if pooling not in TASK_HEADS:
+            raise UserError(f"pooling={pooling!r}: choose one of {', '.join(TASK_HEADS)}")
+        self.task, self.encoder = task, encoder
+        dim = encoder.config.dim
+        self.head = (TokenClassificationHead if task == "residue" else TASK_HEADS[pooling])(dim, num_outputs, dropout)
+        self.frozen: list[nn.Module] = []
+        # the encoder's vocabulary (a model converted from ESM reads ESM's ids)
+        self.tokenizer = Tokenizer(vocabulary=getattr(encoder.config, "vocabulary", "protein-performer"))
+        for m in encoder.modules():  # the projections it was trained with: the head learns on those
+            if hasattr(m, "redraw_interval"):
+                m.redraw_interval = 0
+
+    def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(tokens, padding_mask)
+        return self.head(h) if self.task == "residue" else self.head(h, residue_mask(tokens, self.tokenizer))
+
+    def freeze(self, how) -> None:
+        """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no
+        gradient and stay in eval mode (no dropout), so their weights stay bit-identical."""
+        enc = self.encoder
+        if str(how).lower() == "all":
+            parts = [enc]
+        elif str(how).lower() == "none":
+            parts = []
+        elif isinstance(how, int) and not isinstance(how, bool) and 0 <= how <= enc.depth:
+            parts = [enc.embed, enc.pos_embed, *enc.blocks[:how]] if how else []
+        else:
+            raise UserError(f"freeze={how!r}: all, none, or a number of layers from 0 to {enc.depth}")
+        self.frozen = [m for m in parts if m is not None]
+        for m in self.frozen:
+            m.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for m in self.frozen:
+            m.eval()
+        return self
+
+    def checkpoint_blocks(self) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them:
+        memory for one block's activations, not ``depth`` of them (long proteins fit)."""
+        from torch.utils.checkpoint import checkpoint
+
+        def run(forward, x, mask):
+            return checkpoint(forward, x, mask, use_reentrant=False) if torch.is_grad_enabled() else forward(x, mask)
+        for block in self.encoder.blocks:
+            block.forward = partial(run, block.forward)
+
+    def add_lora(self, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        """LoRA (peft) on every attention and feed-forward projection: ``W x + (alpha / rank) B A x``
+        with B = 0 at the start (the network computes what it did); the encoder's own weights
+        are frozen, the adapters and the head train."""
+        try:
+            from peft import LoraConfig, inject_adapter_in_model
+        except ImportError:
+            raise UserError("lora=true needs peft: pip install 'protein-performer[lora]'") from None
+        if not (isinstance(rank, int) and rank >= 1) or not alpha > 0:
+            raise UserError(f"lora_rank={rank!r}, lora_alpha={alpha!r}: a positive integer rank and a positive alpha")
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS),
+                            bias="none")
+        inject_adapter_in_model(config, self.encoder)  # freezes everything in the encoder but the adapters
+
+    def merge_lora(self) -> None:
+        """Fold each adapter into its weight (W + (alpha / rank) B A) and put the plain layer back:
+        the network's keys and its saved weights are those of a network without LoRA."""
+        from peft.tuners.lora import LoraLayer
+        for name, m in [(n, m) for n, m in self.encoder.named_modules() if isinstance(m, LoraLayer)]:
+            m.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(self.encoder.get_submodule(parent) if parent else self.encoder, child, m.get_base_layer())

@@ -9,6 +9,9 @@ and ``PerformerLM`` forward passes, written for reading rather than speed:
            -> final norm -> hidden states         ProteinPerformerModel (AutoModel)
            -> logits against the embedding matrix (tied) + bias
                                                   ProteinPerformerFor{MaskedLM,CausalLM}
+           -> a fine-tuned head (an export of protein-performer finetune): pooled over the
+              residues -> linear                  ProteinPerformerForSequenceClassification
+              at every position -> linear         ProteinPerformerForTokenClassification
 
 Attention is exact softmax (SDPA) or linear attention phi(q) (phi(K)^T [V, 1]) through the
 kernel's feature map phi ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu", "hedgehog"). The random
@@ -27,7 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput
+from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput,
+                                           TokenClassifierOutput)
 
 from .configuration_protein_performer import ProteinPerformerConfig
 
@@ -356,3 +360,106 @@ class ProteinPerformerForCausalLM(ProteinPerformerLMHeadModel):
                                    ignore_index=-100)
         out = CausalLMOutput(loss=loss, logits=logits, hidden_states=hidden)
         return out if return_dict is not False else out.to_tuple()
+
+
+class PoolingHead(nn.Module):
+    """protein-performer's SequenceClassificationHead (mean) / AttentionPoolingHead (attention): the
+    hidden states pooled over the residues, then dropout and a linear layer."""
+
+    def __init__(self, dim, num_labels, pooling, dropout):
+        super().__init__()
+        if pooling not in ("mean", "attention"):
+            raise ValueError(f"pooling must be 'mean' or 'attention', got {pooling!r}")
+        self.pooling = pooling
+        if pooling == "attention":  # a learned score per residue, softmax over the protein's residues
+            self.score = nn.Linear(dim, 1)
+        self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_labels)
+
+    def forward(self, h, residues):
+        if self.pooling == "mean":
+            m = residues.to(h.dtype)[..., None]
+            pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
+        else:
+            s = self.score(h).squeeze(-1).float().masked_fill(~residues, float("-inf"))
+            pooled = torch.einsum("bl,bld->bd", torch.softmax(s, -1).nan_to_num(0.0).to(h.dtype), h)
+        return self.out(self.drop(pooled))
+
+
+class TokenHead(nn.Module):
+    """protein-performer's TokenClassificationHead: dropout and a linear layer at every position."""
+
+    def __init__(self, dim, num_labels, dropout):
+        super().__init__()
+        self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_labels)
+
+    def forward(self, h):
+        return self.out(self.drop(h))
+
+
+class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
+    """The backbone and a fine-tuned task head (an export of ``protein-performer finetune``). The
+    parameter names are those of protein-performer's fine-tuned network, ``encoder.*`` and
+    ``head.*``, hence the prefix. Regression logits are in standardized units: the prediction is
+    ``logits * target_scale[1] + target_scale[0]``, as protein-performer's ``predictions.csv``."""
+
+    base_model_prefix = "encoder"
+    per_residue = None  # set by the subclasses
+
+    def __init__(self, config):
+        super().__init__(config)
+        task = getattr(config, "finetune_task", None)
+        if task is None:
+            raise ValueError("this directory holds a language model, no task head: open it with "
+                             "AutoModelForMaskedLM, AutoModelForCausalLM or AutoModel")
+        if (task == "residue") != self.per_residue:
+            other = "AutoModelForTokenClassification" if task == "residue" else "AutoModelForSequenceClassification"
+            raise ValueError(f"this is a {task} head: open it with {other}")
+        self.num_labels = config.num_labels
+        self.encoder = ProteinPerformerModel(config)
+        dropout = getattr(config, "classifier_dropout", None) or 0.0
+        self.head = (TokenHead(config.dim, config.num_labels, dropout) if self.per_residue else
+                     PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout))
+        self.post_init()
+
+    def _hidden(self, input_ids, attention_mask, output_hidden_states):
+        return self.encoder(input_ids, attention_mask, output_hidden_states=output_hidden_states, return_dict=True)
+
+    def _loss(self, logits, labels):
+        if labels is None:
+            return None
+        if self.config.problem_type == "regression":
+            mean, std = getattr(self.config, "target_scale", None) or (0.0, 1.0)
+            return F.mse_loss(logits.squeeze(-1).float(), (labels.float() - mean) / std)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+
+
+class ProteinPerformerForSequenceClassification(ProteinPerformerTaskModel):
+    """A class (logits) or a value (regression, one standardized output) per protein, pooled over its
+    residues (every token but padding, <cls> and <eos>)."""
+
+    per_residue = False
+
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
+                **kwargs):
+        out = self._hidden(input_ids, attention_mask, output_hidden_states)
+        c = self.config
+        residues = (input_ids != c.pad_token_id) & (input_ids != c.bos_token_id) & (input_ids != c.eos_token_id)
+        logits = self.head(out.last_hidden_state, residues)
+        result = SequenceClassifierOutput(loss=self._loss(logits, labels), logits=logits,
+                                          hidden_states=out.hidden_states)
+        return result if return_dict is not False else result.to_tuple()
+
+
+class ProteinPerformerForTokenClassification(ProteinPerformerTaskModel):
+    """A class per position (e.g. secondary structure per residue); the loss skips labels -100
+    (give them at <cls>, <eos> and padding)."""
+
+    per_residue = True
+
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
+                **kwargs):
+        out = self._hidden(input_ids, attention_mask, output_hidden_states)
+        logits = self.head(out.last_hidden_state)
+        result = TokenClassifierOutput(loss=self._loss(logits, labels), logits=logits,
+                                       hidden_states=out.hidden_states)
+        return result if return_dict is not False else result.to_tuple()

@@ -1,0 +1,147 @@
+"""``export`` of a ``finetune`` output: the directory opens with transformers'
+AutoModelForSequenceClassification / AutoModelForTokenClassification (trust_remote_code, offline)
+and with this project's own loader, and both give the fine-tuned network's logits on a padded
+batch (mean and attention pooling, classification and regression, per residue); the loss is the
+usual one; the wrong auto class and a finetune folder with a changed file are refused."""
+import csv
+import json
+import random
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from protein_performer import finetune as FT
+from protein_performer.hub.export import load_finetuned
+from protein_performer.data.collate import pad_batch
+from protein_performer.training.task import ProteinLM
+
+from conftest import TINY_MODEL, run_command, save_checkpoint
+
+AA = "ACDEFGHIKLMNPQRSTVWY"
+
+
+@pytest.fixture(scope="module")
+def transformers(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        if "transformers" not in sys.modules:  # remote code is copied here, not into ~/.cache
+            mp.setenv("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    task = ProteinLM(model=TINY_MODEL, objective="mlm").eval()
+    return save_checkpoint(task, tmp_path_factory.mktemp("hfheads") / "mlm.ckpt")
+
+
+def proteins(n=6, seed=0):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(AA) for _ in range(rng.randint(12, 40))) for _ in range(n)]
+
+
+def write_labels(path, task, n=60):
+    rng = random.Random(1)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "sequence", "label", "split"])
+        for k, s in enumerate(proteins(n, seed=2)):
+            label = {"classification": rng.choice("abc"), "regression": f"{rng.gauss(3, 2):.3f}",
+                     "residue": "".join(rng.choice("HEC") for _ in s)}[task]
+            w.writerow([f"p{k}", s, label, "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def finetuned(ckpt, tmp_path_factory):
+    """(task, pooling) -> (finetune folder, its export), a few steps of training each."""
+    from protein_performer.hub.export import export
+    made = {}
+
+    def make(task, pooling="mean"):
+        if (task, pooling) not in made:
+            d = tmp_path_factory.mktemp(f"{task}-{pooling}")
+            ft, out = d / "ft", d / "export"
+            FT.finetune(ckpt, write_labels(d / "labels.csv", task), task, ft, pooling=pooling, lr=1e-2,
+                        head_lr=0.1, trainer={"max_steps": 3, "enable_progress_bar": False})
+            made[task, pooling] = ft, export(ft, out)
+        return made[task, pooling]
+    return make
+
+
+def batch():
+    from protein_performer.tokenizer import Tokenizer
+    tok = Tokenizer()
+    seqs = proteins()
+    tokens, pad = pad_batch([tok.encode(s) for s in seqs], tok.pad_id)
+    return seqs, tokens, pad
+
+
+@pytest.mark.parametrize("task,pooling", [("classification", "mean"), ("classification", "attention"),
+                                          ("regression", "mean"), ("residue", "mean")])
+def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling):
+    ft, out = finetuned(task, pooling)
+    ref_net, meta = load_finetuned(ft)
+    seqs, tokens, pad = batch()
+    auto = transformers.AutoModelForTokenClassification if task == "residue" else \
+        transformers.AutoModelForSequenceClassification
+    model = auto.from_pretrained(out, trust_remote_code=True)
+    assert not model.training
+    enc = transformers.AutoTokenizer.from_pretrained(out)(seqs, return_tensors="pt", padding=True)
+    assert torch.equal(enc["input_ids"], tokens) and torch.equal(enc["attention_mask"] == 0, pad)
+    with torch.no_grad():
+        ref = ref_net(tokens, pad)
+        got = model(**enc).logits
+        own, own_meta = load_finetuned(out)  # the exported directory, opened by this project
+        mine = own(tokens, pad)
+    real = ~pad if task == "residue" else slice(None)
+    assert ref.shape == got.shape
+    torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine[real], ref[real], atol=1e-6, rtol=0)
+    assert own_meta["classes"] == meta["classes"] and own_meta["target_scale"] == meta["target_scale"]
+    config = json.loads((out / "config.json").read_text())
+    if task == "regression":
+        assert config["num_labels"] == 1 and config["problem_type"] == "regression"
+        y = torch.linspace(0, 6, len(seqs))
+        with torch.no_grad():
+            loss = model(**enc, labels=y).loss
+        mean, std = meta["target_scale"]
+        torch.testing.assert_close(loss, F.mse_loss(ref[:, 0], (y - mean) / std), atol=1e-5, rtol=0)
+    else:
+        assert [config["id2label"][str(i)] for i in range(len(meta["classes"]))] == meta["classes"]
+        if task == "residue":
+            y = torch.randint(0, 3, tokens.shape).masked_fill(pad, -100)
+            expected = F.cross_entropy(ref.flatten(0, 1), y.flatten(), ignore_index=-100)
+        else:
+            y = torch.arange(len(seqs)) % 3
+            expected = F.cross_entropy(ref, y)
+        with torch.no_grad():
+            loss = model(**enc, labels=y).loss
+        torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+
+
+def test_the_wrong_auto_class_is_refused_in_one_line(finetuned, transformers):
+    _, out = finetuned("residue")
+    with pytest.raises(ValueError, match="AutoModelForTokenClassification"):
+        transformers.AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True)
+
+
+def test_the_export_command_takes_a_finetune_folder_and_refuses_one_whose_weights_do_not_match(
+        finetuned, tmp_path, capsys):
+    ft, _ = finetuned("classification")
+    code, stdout, err = run_command("export", capsys, f"ckpt={ft}", f"output={tmp_path / 'good'}")
+    assert code == 0, err
+    assert json.loads((tmp_path / "good" / "config.json").read_text())["architectures"] == [
+        "ProteinPerformerForSequenceClassification"]
+    import shutil
+    bad = tmp_path / "ft"
+    shutil.copytree(ft, bad)
+    meta = json.loads((bad / "finetune.json").read_text())
+    meta["num_outputs"] = 5
+    (bad / "finetune.json").write_text(json.dumps(meta))
+    code, _, err = run_command("export", capsys, f"ckpt={bad}", f"output={tmp_path / 'out'}")
+    assert code == 2 and "model.safetensors" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
