@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import fla_backend
 from .feature_maps import KERNELS, NB_FEATURES, FavorPlusPlus, build_feature_map
 from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, init_linear_state, linear_attention,
                      recurrent_linear_attention)
@@ -42,11 +43,18 @@ def projection_seed(seed: int, draw: int, run_seed: int = 0) -> int:
 
 
 def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                     key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None) -> torch.Tensor:
+                     key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None,
+                     backend: str = "torch") -> torch.Tensor:
     """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA):
-    features, then :func:`linear_attention` with the map's normalizer guard."""
+    features, then :func:`linear_attention` with the map's normalizer guard (``backend="fla"``:
+    the causal case through fla_backend.py, all heads in one call)."""
     if feature_map is None:
         return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
+    if causal and backend == "fla":
+        qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
+        floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
+        return fla_backend.fla_linear_attention(qf, kf, v, k_log_scale=k_log_scale, key_padding_mask=key_padding_mask,
+                                                eps=feature_map.normalizer_eps if floor is None else floor)[0]
     qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
     floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
     return linear_attention(qf, kf, v, causal=causal, key_padding_mask=key_padding_mask, chunk_size=chunk_size,
@@ -70,13 +78,16 @@ class Attention(nn.Module):
         orthogonal: orthogonal (vs iid) random features.  seed: seeds the projection draws (the
             layer index); run_seed: the run's seed, mixed in (0: the layer seed alone).
         relu_projection: the "relu" kernel with (True) or without a random projection.
+        backend: the causal linear path: "auto" (fla on CUDA when it imports), "torch" or "fla"
+            (fla_backend.py; resolved per device at the first forward, logged once).
     """
 
     def __init__(self, dim: int, heads: int, kernel: str = "softmax", nb_features: int = NB_FEATURES,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, redraw_interval: int | None = 1000,
                  causal: bool = False, dropout: float = 0.0, rotary: bool = True, orthogonal: bool = True,
                  seed: int = 0, head_dim: int | None = None, bias: bool = False,
-                 relu_projection: bool = True, rotary_base: float = 10000.0, run_seed: int = 0):
+                 relu_projection: bool = True, rotary_base: float = 10000.0, run_seed: int = 0,
+                 backend: str = "auto"):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
@@ -90,6 +101,7 @@ class Attention(nn.Module):
         self.dim, self.heads, self.head_dim, self.kernel = dim, heads, head_dim, kernel
         self.causal, self.chunk_size, self.seed, self.run_seed = causal, chunk_size, seed, int(run_seed or 0)
         self.redraw_interval = redraw_interval or 0
+        self.backend, self._resolved = backend, None       # _resolved: (device type, "torch" | "fla")
         inner = heads * head_dim
         self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
         self.to_out = nn.Linear(inner, dim)
@@ -130,6 +142,14 @@ class Attention(nn.Module):
             self.redraw_projection()
         self.forward_calls += 1
 
+    def _backend(self, device: torch.device) -> str:
+        """The causal linear path on ``device`` ("torch" or "fla"), resolved once per device type."""
+        if not self.causal:
+            return "torch"
+        if self._resolved is None or self._resolved[0] != device.type:
+            self._resolved = (device.type, fla_backend.resolve_backend(self.backend, device))
+        return self._resolved[1]
+
     # -- parallel forward ------------------------------------------------------------------
     def _qkv(self, x: torch.Tensor, offset: int = 0):
         B, L, _ = x.shape
@@ -156,7 +176,8 @@ class Attention(nn.Module):
                                          self.dropout if self.training else 0.0)
         else:
             fm = self.feature_map
-            out = self.drop(kernel_attention(fm, q, k, v, self.causal, key_padding_mask, self.chunk_size))
+            out = self.drop(kernel_attention(fm, q, k, v, self.causal, key_padding_mask, self.chunk_size,
+                                             self._backend(x.device)))
             if self.training and isinstance(fm, FavorPlusPlus):
                 fm.update_rho(q.detach(), k.detach(), key_padding_mask)  # used from the next call on
         return self._merge(out)
@@ -199,8 +220,9 @@ class Attention(nn.Module):
             if "floor" in state:  # running sum of the per-key floor contributions
                 eps = state["floor"].unsqueeze(2) + fm.normalizer_floor(k, True).to(state["floor"].dtype)
                 new["floor"] = eps[:, :, -1]
-            path = recurrent_linear_attention if T == 1 else partial(chunk_linear_attention,
-                                                                     chunk_size=self.chunk_size)
+            path = recurrent_linear_attention if T == 1 else (
+                fla_backend.fla_linear_attention if self._backend(x.device) == "fla"
+                else partial(chunk_linear_attention, chunk_size=self.chunk_size))
             out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps,
                                                        initial_state=(state["S"], state["Z"], state["m"]),
                                                        output_final_state=True)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
 from ..attention.feature_maps import KERNELS, NB_FEATURES
+from ..attention.fla_backend import BACKENDS
 from ..errors import UserError
 from ..tokenizer import VOCABULARIES, Tokenizer
 
@@ -19,6 +20,7 @@ class AttentionConfig:
     orthogonal: bool = True         # orthogonal (vs iid) random features
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
     run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
+    backend: str = "auto"           # causal linear attention: auto (fla on CUDA when it imports) | torch | fla
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class ModelConfig:
             raise UserError(f"model.position must be 'rotary' or 'learned', got {self.position!r}")
         if self.attention.kernel not in KERNELS:
             raise UserError(f"model.attention.kernel={self.attention.kernel!r}: choose one of {', '.join(KERNELS)}")
+        if self.attention.backend not in BACKENDS:
+            raise UserError(f"model.attention.backend={self.attention.backend!r}: choose one of {', '.join(BACKENDS)}")
         for key in ("vocab_size", "dim", "depth", "heads", "ff_mult", "max_positions"):
             _positive_int(f"model.{key}", getattr(self, key))
         _positive_int("model.attention.nb_features", self.attention.nb_features)
@@ -85,7 +89,11 @@ class ModelConfig:
         return cls(**_known(cls, d, "model"))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """What defines the model (exports, output identities): attention.backend is left out, being how
+        a process runs it, not what it computes."""
+        d = asdict(self)
+        d["attention"].pop("backend")
+        return d
 
 
 def _positive_int(key: str, value) -> None:

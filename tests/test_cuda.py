@@ -1,0 +1,238 @@
+"""CUDA checks (marker ``cuda``; skipped with a reason without a GPU): run by benchmarks/gpu_check.sh.
+
+What no CPU run can show: fla's Triton kernels equal the torch path and the float64 reference for
+every kernel (forward and gradients, padded batches through varlen); a bf16 training step at
+L = 16,384 stays finite; ``trainer=gpu`` from the command line trains, logs ``perf/peak_cuda_mb`` and
+says which backend ran; ``compile=true`` trains; evaluate / embed / generate on CUDA give the CPU's
+numbers.  Tolerances: fla in float32 runs its dots in TF32 (10-bit mantissa), hence 1e-2 where the
+torch path (full float32 matmuls) is held to 1e-4; bf16 to 3e-2."""
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from conftest import ROOT, SAMPLE
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (run benchmarks/gpu_check.sh on a GPU machine)")]
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from protein_performer.attention.fla_backend import fla_import_problem
+    FLA = fla_import_problem() if torch.cuda.is_available() else "no CUDA"
+needs_fla = pytest.mark.skipif(FLA is not None, reason=f"fla unavailable: {FLA}")
+DEV = "cuda"
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _map(name: str, d: int, r: int):
+    from protein_performer.attention.feature_maps import build_feature_map
+    fm = build_feature_map(name, d, r, generator=torch.Generator().manual_seed(1), heads=4)
+    if name == "favor++":
+        fm.rho.fill_(0.7)
+    return fm.to(DEV)
+
+
+KERNELS = ["softmax", "favor++", "relu", "elu", "hedgehog"]
+
+
+@needs_fla
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fla_equals_torch_path_equals_float64(kernel, padded):
+    """fla path = torch path = float64 quadratic reference, forward and gradients (L = 1,000, r = 64,
+    head dim 64; padded rows reach fla as packed sequences)."""
+    from protein_performer.attention.layer import kernel_attention
+    from protein_performer.attention.naive import naive_linear_attention
+    fm = _map(kernel, 64, 64)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    B, H, L = 2, 4, 1000
+    q, k, v = (torch.randn(B, H, L, 64, device=DEV, generator=g) for _ in range(3))
+    pad = None
+    if padded:
+        pad = torch.zeros(B, L, dtype=torch.bool, device=DEV)
+        pad[0, 700:] = True
+        pad[1, :123] = True
+    w = torch.randn(B, H, L, 64, device=DEV, generator=g)
+    if pad is not None:
+        w = w.masked_fill(pad[:, None, :, None], 0.0)
+    results = {}
+    for name in ("fla", "torch", "ref"):
+        x = [t.detach().clone().double().requires_grad_() if name == "ref" else t.detach().clone().requires_grad_()
+             for t in (q, k, v)]
+        if name == "ref":
+            f64 = fm.double()
+            out = naive_linear_attention(f64(x[0], True, stabilize=False), f64(x[1], False, stabilize=False), x[2],
+                                         causal=True, key_padding_mask=pad)
+            fm.float()
+        else:
+            out = kernel_attention(fm, *x, causal=True, key_padding_mask=pad, backend=name)
+        out = out if pad is None else out.masked_fill(pad[:, None, :, None], 0.0)
+        results[name] = (out, torch.autograd.grad((out * w).sum(), x))
+    ref_out, ref_grads = results["ref"]
+    for name, tol in (("torch", 1e-4), ("fla", 1e-2)):
+        out, grads = results[name]
+        assert torch.isfinite(out).all()
+        assert rel(out, ref_out) < tol, name
+        for a, b in zip(grads, ref_grads):
+            assert rel(a, b) < 2 * tol, name
+
+
+@needs_fla
+def test_bf16_values_through_fla_match_float64():
+    from protein_performer.attention.layer import kernel_attention
+    from protein_performer.attention.naive import naive_linear_attention
+    fm = _map("softmax", 64, 256)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 4096, 64, device=DEV, generator=g) for _ in range(3))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = kernel_attention(fm, q, k, v.bfloat16(), causal=True, backend="fla")
+    assert out.dtype == torch.bfloat16
+    ref = naive_linear_attention(fm.double()(q.double(), True, stabilize=False),
+                                 fm.double()(k.double(), False, stabilize=False), v.bfloat16().double(), causal=True)
+    assert rel(out, ref) < 3e-2
+
+
+@pytest.mark.parametrize("backend", ["fla", "torch"])
+def test_bf16_training_step_at_16384_has_no_nan(backend):
+    """Two bf16-autocast AdamW steps of a causal FAVOR+ LM on 16,384 tokens: the first loss equals the
+    float32 torch path's on the same weights (to 2e-2), losses and gradients stay finite."""
+    if backend == "fla" and FLA is not None:
+        pytest.skip(f"fla unavailable: {FLA}")
+    from protein_performer.model import PerformerLM
+    torch.manual_seed(0)
+    kw = dict(dim=256, depth=2, heads=4, causal=True, dropout=0.0)
+    model = PerformerLM(**kw, attention={"kernel": "softmax", "nb_features": 256, "backend": backend}).to(DEV)
+    fp32 = PerformerLM(**kw, attention={"kernel": "softmax", "nb_features": 256, "backend": "torch"}).to(DEV)
+    fp32.load_state_dict(model.state_dict())
+    tokens = torch.randint(4, 24, (1, 16384), device=DEV, generator=torch.Generator(device=DEV).manual_seed(0))
+
+    def loss_of(net):
+        logits = net(tokens[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    with torch.no_grad():
+        reference = loss_of(fp32).item()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(model)
+        opt.zero_grad()
+        loss.backward()
+        losses.append(loss.item())
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        opt.step()
+    assert abs(losses[0] - reference) < 2e-2, (losses, reference)
+    assert all(x == x and abs(x) < 1e3 for x in losses)
+
+
+# ------------------------------------------------------------------ the command line on the GPU
+TRAIN = ["objective=clm", "model.dim=128", "model.depth=2", "model.heads=2", "model.attention.nb_features=64",
+         "model.dropout=0.0", "data.max_len=256", "data.batch_size=16", "data.valid_fraction=0.1",
+         "optim.warmup_steps=5", "optim.lr=3e-3", "trainer=gpu", "trainer.val_check_interval=25",
+         "trainer.log_every_n_steps=5", "trainer.enable_progress_bar=false", "logger=csv"]
+
+
+@pytest.fixture(scope="module")
+def fasta(tmp_path_factory):
+    from protein_performer.formats.fasta import read_fasta
+    path = tmp_path_factory.mktemp("data") / "small.fasta.gz"
+    with gzip.open(path, "wt") as f:
+        for i, r in enumerate(read_fasta(SAMPLE)):
+            if i == 400:
+                break
+            f.write(f">{r.id}\n{r.sequence}\n")
+    return path
+
+
+def _train(run_dir, fasta, *extra):
+    env = dict(os.environ, WANDB_MODE="disabled")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *TRAIN, f"data.path={fasta}",
+                          f"logger.save_dir={run_dir}", f"hydra.run.dir={run_dir}", *extra],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = list(csv.DictReader(open(next(run_dir.rglob("metrics.csv")))))
+    return out, rows
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory, fasta):
+    """50 steps of trainer=gpu (bf16 autocast) from the command line: (run folder, stdout+log, metrics rows)."""
+    run_dir = tmp_path_factory.mktemp("gpu_run")
+    out, rows = _train(run_dir, fasta, "trainer.max_steps=50")
+    log = out.stdout + out.stderr + "".join(p.read_text() for p in run_dir.rglob("*.log"))
+    return run_dir, log, rows
+
+
+def test_trainer_gpu_cli_run_learns_and_logs_cuda_memory(gpu_run):
+    run_dir, log, rows = gpu_run
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    peaks = [float(r["perf/peak_cuda_mb"]) for r in rows if r.get("perf/peak_cuda_mb")]
+    assert len(losses) >= 8 and all(map(lambda x: x == x, losses))
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.05, losses
+    assert peaks and all(0 < p < 4096 for p in peaks), peaks
+    expected = "fla chunk_simple_gla" if FLA is None else "the torch chunked path"
+    assert f"backend=auto runs {expected}" in log
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_compile_true_trains_on_gpu(tmp_path, fasta):
+    _, rows = _train(tmp_path, fasta, "trainer.max_steps=15", "compile=true")
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert losses and all(0 < x < 10 for x in losses)
+
+
+def _proteins(n=24):
+    from protein_performer.formats.fasta import read_fasta
+    out = []
+    for i, r in enumerate(read_fasta(SAMPLE)):
+        if i == n:
+            break
+        out.append(r.sequence[:700])
+    return out
+
+
+def test_evaluate_on_cuda_equals_cpu(gpu_run):
+    from protein_performer.evaluate import evaluate_model
+    ckpt = str(gpu_run[0] / "checkpoints" / "last.ckpt")
+    seqs = _proteins()
+    cpu = evaluate_model(ckpt, seqs, device="cpu", progress=False)
+    gpu = evaluate_model(ckpt, seqs, device="cuda", progress=False)
+    assert abs(gpu["perplexity"] - cpu["perplexity"]) / cpu["perplexity"] < 2e-3
+    assert abs(gpu["accuracy"] - cpu["accuracy"]) < 5e-3
+
+
+def test_embed_on_cuda_equals_cpu(gpu_run):
+    from protein_performer.embed.run import embed_sequences
+    ckpt = str(gpu_run[0] / "checkpoints" / "last.ckpt")
+    seqs = _proteins()
+    cpu = embed_sequences(ckpt, seqs, device="cpu")["mean"]
+    gpu = embed_sequences(ckpt, seqs, device="cuda")["mean"]
+    assert rel(torch.from_numpy(gpu), torch.from_numpy(cpu)) < 5e-3
+
+
+def test_generate_on_cuda_scores_as_cpu(gpu_run):
+    """The step logits of a CUDA sample (recurrent state on the GPU) equal the CPU's parallel forward
+    over the same tokens."""
+    from protein_performer.generate import generate
+    from protein_performer.hub.load import load_model
+    ckpt = str(gpu_run[0] / "checkpoints" / "last.ckpt")
+    net = load_model(ckpt, "cuda").net
+    samples = generate(net, num_samples=2, max_length=120, seed=0, device="cuda", return_logits=True, top_k=5)
+    cpu_net = load_model(ckpt, "cpu").net.eval()
+    for s in samples:
+        with torch.no_grad():
+            ref = cpu_net(torch.tensor([s.tokens[:-1]]))[0].float()
+        assert s.logits.shape == ref.shape
+        assert rel(s.logits, ref) < 5e-3
