@@ -19,6 +19,11 @@ import sys
 from typing import NamedTuple
 
 
+#: the command line (before the overrides) that runs the current command again: Lightning's DDP
+#: starts the other processes with it (``embed trainer.devices=N``; training sets it itself)
+RERUN: list[str] = []
+
+
 class Command(NamedTuple):
     config: str      # conf/<config>.yaml
     target: str      # "module:function" taking the composed config
@@ -72,7 +77,8 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     from .resources import conf_dir
 
     spec = COMMANDS[command]
-    program = [sys.argv[0], *([] if argv is None else [command])]  # what runs this command again (DDP)
+    global RERUN
+    program = RERUN = [sys.argv[0], *([] if argv is None else [command])]  # what runs this command again (DDP)
     args = list(sys.argv[1:] if argv is None else argv)
     if not any(a.startswith("hydra.job.name=") for a in args):
         args.append(f"hydra.job.name={command}")

@@ -23,8 +23,9 @@ def _require(cfg: DictConfig, *keys: str, example: str) -> None:
 def train(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from .hub.load import load_model
     from .training.run import train as train_run
-    train_run(cfg, HydraConfig.get().runtime.output_dir)  # cli.run checked the folder and cleans up after a user error
+    train_run(cfg, HydraConfig.get().runtime.output_dir, open_model=lambda p: load_model(p).net)  # cli.run checked the folder and cleans up after a user error
 
 
 def prepare(cfg: DictConfig) -> None:
@@ -56,9 +57,14 @@ def embed(cfg: DictConfig) -> None:
     _require(cfg, "ckpt", "input", example="ckpt=CHECKPOINT input=FILE output=OUT.h5")
     from .embed import embed_file
     logging.getLogger("protein_performer").setLevel(logging.INFO)
+    from .cli import RERUN
+    from .embed.settings import TRAINER_KEYS, several
     kw = OmegaConf.to_container(cfg, resolve=True)
+    if RERUN and isinstance(kw.get("trainer"), dict) and several({**TRAINER_KEYS, **kw["trainer"]}):
+        sys.argv = [*RERUN, *sys.argv[1:]]  # Lightning's DDP starts the other processes with sys.argv
     summary = embed_file(kw.pop("ckpt"), kw.pop("input"), **kw)
-    print(json.dumps(summary))
+    if summary is not None:  # None: a process Lightning started beside process 0
+        print(json.dumps(summary))
 
 
 def probe(cfg: DictConfig) -> None:

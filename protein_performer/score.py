@@ -43,7 +43,8 @@ from .files import refuse_overlap, write_json, write_text
 from .hub.load import load_model
 from .data.collate import pad_batch
 from .sequences import read_sequences
-from .io import ParseError, check_source, open_text
+from .formats import ParseError, check_source
+from .formats.text import open_text
 from .sequences import MAX_MESSAGES
 from .tokenizer import AMINO_ACIDS, Tokenizer
 
@@ -239,7 +240,7 @@ class Scorer:
     unmasked forward, and the causal ratio in RNN mode."""
 
     def __init__(self, loaded, max_tokens: int = 16384, rnn_batch: int = 256, precision: str = "32"):
-        from .embed import _dtype
+        from .embed.settings import dtype as _dtype
         self.net, self.tokenizer, self.kernel = loaded.net, loaded.tokenizer, loaded.kernel
         self.max_tokens, self.rnn_batch = int(max_tokens), int(rnn_batch)
         self.device = next(self.net.parameters()).device

@@ -16,10 +16,13 @@ import torch
 
 import protein_performer
 from protein_performer import embed as E
-from protein_performer.sequences import sequence_id
+from protein_performer.embed import settings
+from protein_performer.embed.h5 import H5Output
+from protein_performer.errors import UserError
+from protein_performer.formats.tabular import sequence_id
 from protein_performer.data.sampler import token_budget_batches
 from protein_performer.hub.load import load_model
-from protein_performer.io import read_fasta
+from protein_performer.formats.fasta import read_fasta
 from protein_performer.training.task import ProteinLM
 
 from conftest import ROOT, run_command, save_checkpoint
@@ -120,14 +123,14 @@ def test_token_budget_batches_hand_example():
 
 
 def test_layers_and_options():
-    assert E.resolve_layers(-1, 4) == [4]
-    assert E.resolve_layers([0, -2, 3, -1], 4) == [0, 3, 4]
+    assert settings.resolve_layers(-1, 4) == [4]
+    assert settings.resolve_layers([0, -2, 3, -1], 4) == [0, 3, 4]
     with pytest.raises(ValueError, match="layers 0..4"):
-        E.resolve_layers([5], 4)
+        settings.resolve_layers([5], 4)
     with pytest.raises(ValueError, match="pooling"):
-        E.resolve_pooling("sum")
+        settings.resolve_pooling("sum")
     with pytest.raises(ValueError, match="precision"):
-        E._dtype("8")
+        settings.dtype("8")
 
 
 def test_package_level_function_and_cheap_import(records):
@@ -261,17 +264,17 @@ def test_resume_refuses_another_checkpoint_input_or_settings(ckpt, records, tmp_
     trainer = pl.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.strategy.connect(tiny(seed=1))
     trainer.save_checkpoint(other_ckpt)
-    with pytest.raises(E.UserError, match=r"e\.h5 was written with a different checkpoint \(weights sha256\) "
+    with pytest.raises(UserError, match=r"e\.h5 was written with a different checkpoint \(weights sha256\) "
                                           r"\w{12}\.\.\. \(now \w{12}\.\.\.\): write to a new output path, "
                                           r"or pass overwrite=true"):
         E.embed_file(other_ckpt, fasta, out, progress=False)
     other_input = tmp_path / "other.fasta"
     _write_fasta(other_input, records[6:9])
-    with pytest.raises(E.UserError, match=r"different input \(file sha256\)"):
+    with pytest.raises(UserError, match=r"different input \(file sha256\)"):
         E.embed_file(ckpt, other_input, out, progress=False)
-    with pytest.raises(E.UserError, match=r"different layers \[2\] \(now \[0\]\)"):
+    with pytest.raises(UserError, match=r"different layers \[2\] \(now \[0\]\)"):
         E.embed_file(ckpt, fasta, out, layers=[0], progress=False)
-    with pytest.raises(E.UserError, match=r"different precision float32 \(now bfloat16\)"):
+    with pytest.raises(UserError, match=r"different precision float32 \(now bfloat16\)"):
         E.embed_file(ckpt, fasta, out, precision="bf16", progress=False)
     after = h5_contents(out)
     np.testing.assert_array_equal(first[0]["mean"], after[0]["mean"])  # refused: nothing changed
@@ -295,7 +298,7 @@ def test_interrupted_run_of_another_identity_is_refused(ckpt, records, tmp_path,
     fasta = tmp_path / "in.fasta"
     _write_fasta(fasta, records)
     out = tmp_path / "e.h5"
-    orig = E.H5Output.write_batch
+    orig = H5Output.write_batch
     calls = {"n": 0}
 
     def dying(self, index, results):
@@ -304,11 +307,11 @@ def test_interrupted_run_of_another_identity_is_refused(ckpt, records, tmp_path,
             raise KeyboardInterrupt
         orig(self, index, results)
 
-    monkeypatch.setattr(E.H5Output, "write_batch", dying)
+    monkeypatch.setattr(H5Output, "write_batch", dying)
     with pytest.raises(KeyboardInterrupt):
         E.embed_file(ckpt, fasta, out, max_tokens=2000, progress=False)
-    monkeypatch.setattr(E.H5Output, "write_batch", orig)
-    with pytest.raises(E.UserError, match=r"e\.h5\.partial \(left by an interrupted run\) was written with a "
+    monkeypatch.setattr(H5Output, "write_batch", orig)
+    with pytest.raises(UserError, match=r"e\.h5\.partial \(left by an interrupted run\) was written with a "
                                           r"different pooling \['mean'\] \(now \['max'\]\)"):
         E.embed_file(ckpt, fasta, out, pooling="max", progress=False)
     E.embed_file(ckpt, fasta, out, pooling="max", overwrite=True, progress=False)
@@ -320,7 +323,7 @@ def test_causal_model_refuses_cls_pooling(tmp_path, records):
     torch.manual_seed(0)
     clm = ProteinLM(model=dict(dim=32, depth=2, heads=2, attention=dict(kernel="softmax", nb_features=16)),
                     objective="clm").eval()
-    with pytest.raises(E.UserError, match=r"pooling=cls: ProteinLM is a causal \(clm\) model"):
+    with pytest.raises(UserError, match=r"pooling=cls: ProteinLM is a causal \(clm\) model"):
         E.embed_sequences(clm, records[:3], pooling=["mean", "cls"])
     out = E.embed_sequences(clm, records[:3], pooling=["mean", "max"])  # the reason: what cls would give
     assert not np.allclose(out["mean"][0], out["mean"][1])
@@ -340,7 +343,7 @@ def test_resume_pt_dir(ckpt, records, tmp_path):
     assert s["embedded"] >= 5 and s["embedded"] + s["already_done"] == len(records)
     assert len(list(pt.glob("*.pt"))) == len(records)
     assert not list(pt.glob(".*tmp"))
-    with pytest.raises(E.UserError, match=r"pt_dir .*pt was written with a different layers"):
+    with pytest.raises(UserError, match=r"pt_dir .*pt was written with a different layers"):
         E.embed_file(ckpt, fasta, pt_dir=pt, layers=[0], progress=False)
 
 
@@ -368,13 +371,13 @@ def test_duplicates_invalid_and_empty_are_counted(ckpt, tmp_path, caplog):
 def test_nothing_to_embed_is_an_error_and_writes_nothing(ckpt, tmp_path):
     empty = tmp_path / "empty.fasta"
     empty.write_text("")
-    with pytest.raises(E.UserError, match=r"empty\.fasta: is empty"):
+    with pytest.raises(UserError, match=r"empty\.fasta: is empty"):
         E.embed_file(ckpt, empty, tmp_path / "e.h5", pt_dir=tmp_path / "pt", progress=False)
     bad = tmp_path / "bad.fasta"
     bad.write_text(">a\nMKJ\n>b\n>c\nMK1\n")
-    with pytest.raises(E.UserError, match=r"bad\.fasta: no sequences to embed \(skipped: 1 empty, 2 invalid\)"):
+    with pytest.raises(UserError, match=r"bad\.fasta: no sequences to embed \(skipped: 1 empty, 2 invalid\)"):
         E.embed_file(ckpt, bad, tmp_path / "e.h5", pt_dir=tmp_path / "pt", progress=False)
-    with pytest.raises(E.UserError, match="nothing to embed"):
+    with pytest.raises(UserError, match="nothing to embed"):
         E.embed_sequences(tiny(), [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.fasta", "empty.fasta"]
 
@@ -466,7 +469,7 @@ def test_cli_no_arguments_and_help():
 def test_bom_input_and_the_character_in_errors(ckpt, tmp_path):
     p = tmp_path / "bom.csv"
     p.write_bytes("\ufeffid,seq\nA,MKTAYIAKQR\nB,MKé\n".encode())
-    with pytest.raises(E.UserError, match=r"bom\.csv:3: record 'B': invalid residue 'é' at position 3"):
+    with pytest.raises(UserError, match=r"bom\.csv:3: record 'B': invalid residue 'é' at position 3"):
         E.embed_file(ckpt, p, tmp_path / "e.h5", on_invalid="error", progress=False)
     s = E.embed_file(ckpt, p, tmp_path / "e.h5", progress=False)
     assert (s["embedded"], s["invalid"]) == (1, 1)

@@ -20,7 +20,12 @@ import pytest
 import torch
 
 from protein_performer import embed as E
+from protein_performer.embed.h5 import H5Output
+from protein_performer.embed.identity import lock_path
+from protein_performer.embed.pt_dir import PtOutput
+from protein_performer.errors import UserError
 from protein_performer.files import file_sha256
+from protein_performer.hub.load import load_model, weights_sha256
 from protein_performer.hub.export import export
 
 from conftest import ROOT, save_checkpoint
@@ -61,6 +66,7 @@ import json, os, signal, sys
 from pathlib import Path
 import torch
 from protein_performer import embed as E
+from protein_performer.embed.h5 import H5Output
 where, n, kw = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 calls = [0]
 def kill_at_nth(f):
@@ -72,9 +78,9 @@ def kill_at_nth(f):
         return r
     return g
 if where == "batch":    # after the n-th journal batch is saved, before its .pt files
-    E.H5Output.write_batch = kill_at_nth(E.H5Output.write_batch)
+    H5Output.write_batch = kill_at_nth(H5Output.write_batch)
 elif where == "pt":     # the n-th .pt file written to its temporary name, not yet renamed
-    E.torch.save = kill_at_nth(torch.save)
+    torch.save = kill_at_nth(torch.save)
 elif where == "finish":  # the HDF5 file assembled in the journal, not yet renamed into place
     real, out = os.replace, Path(kw["output"]).resolve()
     os.replace = lambda a, b: (Path(b).resolve() == out and os.kill(os.getpid(), signal.SIGKILL), real(a, b))[1]
@@ -155,7 +161,7 @@ def test_interrupted_per_residue_run_resumes_with_other_batches(ckpt, tmp_path, 
     inp = write_fasta(tmp_path / "in.fasta", proteins(20, seed=3))
     kw = dict(per_residue=True, progress=False)
     ref = E.embed_sequences(str(ckpt), str(inp), per_residue=True)
-    orig, calls = E.H5Output.write_batch, {"n": 0}
+    orig, calls = H5Output.write_batch, {"n": 0}
 
     def dying(self, index, results):
         orig(self, index, results)
@@ -163,7 +169,7 @@ def test_interrupted_per_residue_run_resumes_with_other_batches(ckpt, tmp_path, 
         if calls["n"] == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(E.H5Output, "write_batch", dying)
+    monkeypatch.setattr(H5Output, "write_batch", dying)
     with pytest.raises(KeyboardInterrupt):
         E.embed_file(ckpt, inp, tmp_path / "e.h5", max_tokens=300, sort_records=20, **kw)
     saved = [np.load(p, allow_pickle=False)["index"] for p in sorted((tmp_path / "e.h5.partial").glob("*.npz"))]
@@ -190,7 +196,7 @@ HOLD = ("import sys, time; from protein_performer import files\n"
 def test_second_writer_of_one_output_gets_one_line(ckpt, tmp_path, capsys, target):
     inp = write_fasta(tmp_path / "in.fasta", proteins(4))
     out, pt = tmp_path / "e.h5", tmp_path / "pt"
-    lock = E.lock_path(out) if target == "output" else pt / E.PtOutput.LOCK
+    lock = lock_path(out) if target == "output" else pt / PtOutput.LOCK
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -223,22 +229,22 @@ def test_identity_covers_the_model_config_not_only_the_weights(ckpt, tmp_path, m
     exported = export(ckpt, tmp_path / "exported")
     relu = edited_copy(exported, tmp_path / "relu", kernel="relu")
     clm = edited_copy(exported, tmp_path / "clm", objective="clm")
-    same = E.weights_sha256(E.load_model(str(exported)).net)
-    assert E.weights_sha256(E.load_model(str(relu)).net) == E.weights_sha256(E.load_model(str(clm)).net) == same
+    same = weights_sha256(load_model(str(exported)).net)
+    assert weights_sha256(load_model(str(relu)).net) == weights_sha256(load_model(str(clm)).net) == same
     out = tmp_path / "e.h5"
     E.embed_file(exported, inp, out, progress=False)
     first = file_sha256(out)
-    with pytest.raises(E.UserError, match=r"e\.h5 was written with a different model config attention\.kernel "
+    with pytest.raises(UserError, match=r"e\.h5 was written with a different model config attention\.kernel "
                                           r"softmax \(now relu\): write to a new output path"):
         E.embed_file(relu, inp, out, progress=False)
-    with pytest.raises(E.UserError, match=r"different model config causal False \(now True\)"):
+    with pytest.raises(UserError, match=r"different model config causal False \(now True\)"):
         E.embed_file(clm, inp, out, progress=False)
     assert file_sha256(out) == first
     # ... an interrupted run's journal too
-    monkeypatch.setattr(E.H5Output, "finish", lambda self, ids: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(H5Output, "finish", lambda self, ids: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         E.embed_file(exported, inp, tmp_path / "g.h5", progress=False)
-    with pytest.raises(E.UserError, match=r"g\.h5\.partial \(left by an interrupted run\) was written with a "
+    with pytest.raises(UserError, match=r"g\.h5\.partial \(left by an interrupted run\) was written with a "
                                           r"different model config attention\.kernel softmax \(now relu\)"):
         E.embed_file(relu, inp, tmp_path / "g.h5", progress=False)
     monkeypatch.undo()
@@ -344,7 +350,7 @@ def test_pt_dir_overwrite_removes_only_files_embed_recorded(ckpt, tmp_path, caps
     user = checksums(pt)
     E.embed_file(ckpt, inp, pt_dir=pt, progress=False)
     assert sorted(p.name for p in pt.glob("*.pt")) == ["mine.pt"] + [f"p{i:02d}.pt" for i in range(5)]
-    with pytest.raises(E.UserError, match=r"pt_dir .*pt was written with a different layers \[2\] \(now \[0\]\)"):
+    with pytest.raises(UserError, match=r"pt_dir .*pt was written with a different layers \[2\] \(now \[0\]\)"):
         E.embed_file(ckpt, inp, pt_dir=pt, layers=[0], progress=False)
     # overwrite with another input and layer: the old proteins' files go, the user's stay
     other = write_fasta(tmp_path / "other.fasta", [("q1", "MKTAYIAKQR"), ("q2", "MKVLAAGIV")])
@@ -394,7 +400,7 @@ def test_no_pickle_is_run_checkpoint_or_journal_batch(ckpt, tmp_path, capsys, mo
     assert not marker.exists()
     # a journal batch holding a pickled object array: refused, never unpickled
     out = tmp_path / "e.h5"
-    monkeypatch.setattr(E.H5Output, "finish", lambda self, ids: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(H5Output, "finish", lambda self, ids: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         E.embed_file(ckpt, inp, out, max_tokens=200, progress=False)
     monkeypatch.undo()
