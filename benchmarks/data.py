@@ -21,11 +21,12 @@ from pathlib import Path
 if not __package__:  # run as a file: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 from benchmarks import common  # noqa: E402
-from protein_performer.data.blocks import iter_text_blocks, tokenize_block
-from protein_performer.data.prepare import prepare
+from protein_performer.formats import iter_text_blocks, tokenize_block
+from protein_performer.data.prepare import by_split, prepare
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.data.shards import PreparedData
-from protein_performer.io import read_fasta
+from protein_performer.tokenizer import Tokenizer
+from protein_performer.formats.fasta import read_fasta
 
 # Not measured: the main process's de-duplication and shard writing, taken as this fraction of the
 # tokenizing cost in the projection (it runs in series with gunzip, beside 16 tokenizing workers).
@@ -74,7 +75,7 @@ def bench_stage(src: Path, block_size: int = 16 << 20) -> dict:
     n = 0
     for off, buf in iter_text_blocks(src, "fasta", block_size):
         t1 = time.perf_counter()
-        tokenize_block(buf, "fasta", valid_fraction=0.01, test_fraction=0.01, first_block=off == 0)
+        by_split(tokenize_block(buf, "fasta", first_block=off == 0), 0.01, 0.01, Tokenizer().eos_id)
         tok += time.perf_counter() - t1
         n += len(buf)
         blocks += 1

@@ -54,7 +54,7 @@ def child(args) -> None:
         rng = np.random.default_rng(0)
         seqs = ["".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), args.length))]
     else:
-        from protein_performer.io import read_records
+        from protein_performer.formats import read_records
         seqs = []
         for rec in read_records(common.SAMPLE):
             seqs.append(rec.sequence)

@@ -189,7 +189,7 @@ def checkpoint_qkv(path: str, proteins: int, max_len: int):
     proteins, cropped to max_len (the rotary-embedded q, k the kernel sees), the model and the tokens."""
     import torch
 
-    from protein_performer.io import read_records
+    from protein_performer.formats import read_records
     from protein_performer.training.task import load_checkpoint
     task = load_checkpoint(path)
     model = task.model

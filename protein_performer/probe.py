@@ -9,7 +9,7 @@ one, from outer K-fold cross-validation. A shuffled-label control shows what cha
 looks like with the same pipeline.
 
 Labels are a CSV/TSV (gzipped or not) with a ``label`` column and an ``id`` or ``seq``
-column; without ids a sequence is found under :func:`protein_performer.sequences.sequence_id`,
+column; without ids a sequence is found under :func:`protein_performer.formats.tabular.sequence_id`,
 the id ``scripts/embed.py`` gives CSV rows without ids.
 """
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sequences import sequence_id
-from .io import _lines
+from .formats.tabular import csv_reader, sequence_id
 from .tokenizer import STANDARD_AA
 from .errors import UserError
 
@@ -120,10 +119,9 @@ def read_labels(path: str | Path) -> Labels:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"labels {path}: no such file")
-    delim = "\t" if str(path).lower().removesuffix(".gz").endswith(".tsv") else ","
     ids, labels, seqs, split, skipped = [], [], [], [], {"empty": 0, "duplicate": 0}
     first: dict[str, tuple[int, str]] = {}  # id -> (line, label)
-    reader = csv.reader((line for _, line in _lines(path)), delimiter=delim, strict=True)
+    reader = csv_reader(path)
     try:
         header = [h.strip().lower() for h in next(reader, [])]
         col = {name: header.index(name) for name in ("id", "seq", "sequence", "label", "split") if name in header}

@@ -14,8 +14,6 @@ The first few skipped records of each kind are named in a warning; the rest are 
 """
 from __future__ import annotations
 
-import csv
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +22,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import UserError
-from .io import ParseError, _lines, check_source, read_records
+from .formats import ParseError, check_source, read_records
 from .tokenizer import InvalidSequenceError, Tokenizer
 
 log = logging.getLogger(__name__)
 
-CSV_SUFFIXES = (".csv", ".tsv")
 #: skipped records named per kind before only counting
 MAX_MESSAGES = 5
 SKIP_KINDS = ("empty", "invalid", "duplicate")
@@ -46,47 +43,10 @@ class Entry:
     where: str
 
 
-def sequence_id(sequence: str) -> str:
-    """Stable id for a sequence without a name (CSV files with only a ``seq`` column):
-    the probe computes the same id to find the sequence's embedding."""
-    seq = "".join(sequence.split()).upper()
-    return "seq_" + hashlib.sha1(seq.encode()).hexdigest()[:16]
-
-
-def is_csv(path: str | Path, format: str | None = None) -> bool:
-    return format in ("csv", "tsv") or (format is None and str(path).lower().removesuffix(".gz").endswith(CSV_SUFFIXES))
-
-
-def _csv_rows(path: str | Path, format: str | None) -> Iterator[tuple[str, str, str]]:
-    """(id, sequence, where) from a CSV/TSV with a ``seq`` (or ``sequence``) column and
-    optionally ``id``; without ids, :func:`sequence_id` names each sequence."""
-    tsv = format == "tsv" or (format is None and str(path).lower().removesuffix(".gz").endswith(".tsv"))
-    reader = csv.reader((line for _, line in _lines(path)), delimiter="\t" if tsv else ",", strict=True)
-    try:
-        header = [h.strip().lower() for h in next(reader, [])]
-        seq_col = next((header.index(c) for c in ("seq", "sequence") if c in header), None)
-        if seq_col is None:
-            raise ParseError(f"{path}:1: CSV header {header[:8]} has no 'seq' or 'sequence' column")
-        id_col = header.index("id") if "id" in header else None
-        for row in reader:
-            if not row:
-                continue
-            n = reader.line_num
-            if len(row) <= max(seq_col, id_col or 0):
-                raise ParseError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
-            seq = row[seq_col]
-            yield (row[id_col].strip() if id_col is not None else sequence_id(seq)), seq, f"{path}:{n}"
-    except csv.Error as e:
-        raise ParseError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
-
-
 def _raw(source: Any, format: str | None, stats: dict) -> Iterator[tuple[str, str, str]]:
     """(id, sequence, where) from a path or from in-memory sequences."""
     if isinstance(source, (str, Path)):
         check_source(source)  # a directory, empty or binary file: one line naming it
-        if is_csv(source, format):
-            yield from _csv_rows(source, format)
-            return
         for rec in read_records(source, format, skip_empty=True, stats=stats):
             yield rec.id, rec.sequence, f"{source}:{rec.line}"
         return

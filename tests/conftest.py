@@ -68,7 +68,7 @@ def run_command(name: str, capsys, *overrides: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def small_fasta(tmp_path_factory):
     """The first 200 proteins of the bundled sample as a plain FASTA file."""
-    from protein_performer.io import read_fasta
+    from protein_performer.formats.fasta import read_fasta
     path = tmp_path_factory.mktemp("data") / "small.fasta"
     with open(path, "w") as f:
         for i, r in enumerate(read_fasta(SAMPLE)):

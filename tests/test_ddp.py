@@ -44,7 +44,7 @@ def main(data: str, cache: str, out: str) -> None:
 
 
 def test_two_ranks_see_different_data_and_end_identical(tmp_path):
-    from protein_performer.io import read_fasta
+    from protein_performer.formats.fasta import read_fasta
     data = tmp_path / "d.fasta.gz"
     with gzip.open(data, "wt") as f:
         for _, r in zip(range(300), read_fasta(ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz")):

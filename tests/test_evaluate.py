@@ -251,7 +251,7 @@ def test_logs_to_wandb_only_when_a_run_is_active(tmp_path):
 def test_compare_trains_evaluates_and_writes_the_table(tmp_path):
     from protein_performer.compare import GENERATED_END, compare
     small = tmp_path / "train.fasta"
-    from protein_performer.io import read_records
+    from protein_performer.formats import read_records
     with open(small, "w") as f:
         for i, r in enumerate(read_records(ROOT / "data/sample/swissprot_sample_20k.fasta.gz")):
             if i == 300:

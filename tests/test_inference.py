@@ -11,8 +11,9 @@ from protein_performer.errors import UserError
 from protein_performer.files import file_sha256
 from protein_performer.hub.load import load_model, weights_sha256
 from protein_performer.data.collate import pad_batch
-from protein_performer.sequences import read_sequences, sequence_id
-from protein_performer.io import ParseError
+from protein_performer.sequences import read_sequences
+from protein_performer.formats import ParseError
+from protein_performer.formats.tabular import sequence_id
 from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 

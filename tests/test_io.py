@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 from Bio import SeqIO
 
-from protein_performer.io import ParseError, detect_format, read_fasta, read_records, read_uniprot
+from protein_performer.formats import ParseError, detect_format, read_records
+from protein_performer.formats.fasta import read_fasta
+from protein_performer.formats.uniprot import read_uniprot
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -121,12 +123,12 @@ def test_bom_and_non_ascii_characters(tmp_path):
 
 
 def test_check_source_names_directory_empty_and_binary_files(tmp_path):
-    """One check for every reader (io.check_source): prepared shards, data=sample, evaluate, embed."""
+    """One check for every reader (formats.check_source): prepared shards, data=sample, evaluate, embed."""
     import gzip as gz
 
     from protein_performer.data.datamodule import ProteinDataModule
     from protein_performer.errors import UserError
-    from protein_performer.io import check_source
+    from protein_performer.formats import check_source
     from protein_performer.sequences import read_sequences
     (tmp_path / "d").mkdir()
     (tmp_path / "empty.fasta").write_bytes(b"")

@@ -6,11 +6,11 @@ import ast
 from conftest import ROOT
 
 LAYERS = [  # lowest first
-    ("core", {"errors", "tokenizer", "io", "formats", "attention", "model", "objectives", "device", "sequences", "resources", "files"}),
+    ("core", {"errors", "tokenizer", "formats", "attention", "model", "objectives", "device", "sequences", "resources", "files"}),
     ("data", {"data"}),
     ("training", {"training"}),
     ("hub", {"hub"}),
-    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "export", "score", "finetune", "convert_esm", "cli", "commands"}),
+    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "score", "finetune", "convert_esm", "cli", "commands"}),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Preparation against independent references: the line-based readers in io.py plus
+"""Preparation against independent references: the line-based readers of formats/ plus
 Tokenizer.encode, a Python set for de-duplication, the split formula computed by hand,
 byte comparison of shards after a kill."""
 import gzip
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import xxhash
 
-from protein_performer.data.blocks import iter_ranges, iter_text_blocks, tokenize_block
+from protein_performer.formats import ParseError, accession, iter_ranges, iter_text_blocks
 from protein_performer.data.split import split_codes
-from protein_performer.io import accession
 from protein_performer.data.dedup import HashSet
 from protein_performer.data.prepare import prepare
 from protein_performer.data.shards import PreparedData
 from protein_performer.data.split import SPLITS
-from protein_performer.io import ParseError, read_fasta, read_uniprot
+from protein_performer.formats.fasta import read_fasta
+from protein_performer.formats.uniprot import read_uniprot
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 
 from conftest import ROOT, SAMPLE

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from protein_performer.errors import UserError
-from protein_performer.io import read_records
+from protein_performer.formats import read_records
 from protein_performer.attention.feature_maps import REGISTRY
 from protein_performer.hub.export import export
 from protein_performer.hub.load import is_pretrained_dir, load_pretrained

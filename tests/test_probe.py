@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from protein_performer.sequences import sequence_id
+from protein_performer.formats.tabular import sequence_id
 from protein_performer.probe import composition, detect_task, load_embeddings, read_labels, run_probe
 
 from conftest import ROOT

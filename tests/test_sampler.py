@@ -12,7 +12,7 @@ from protein_performer.data.prepare import prepare
 from protein_performer.data.sampler import TokenBudgetBatchSampler
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.data.shards import PreparedData
-from protein_performer.io import read_fasta
+from protein_performer.formats.fasta import read_fasta
 from protein_performer.objectives import IGNORE
 from protein_performer.tokenizer import Tokenizer
 

@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from protein_performer.data.collate import Collator
-from protein_performer.io import read_fasta
+from protein_performer.formats.fasta import read_fasta
 from protein_performer.training.task import load_checkpoint
 from protein_performer.training.run import train
 

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from protein_performer.training import run_logging
-from protein_performer.io import read_fasta
+from protein_performer.formats.fasta import read_fasta
 from protein_performer.training.run_logging import Throughput
 from protein_performer.training.run import train
 

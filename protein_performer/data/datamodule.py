@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from ..io import check_source
+from ..formats import check_source
 from ..sequences import read_sequences, skipped_text
 from ..tokenizer import Tokenizer
 from .collate import Collator

@@ -28,16 +28,20 @@ import time
 from collections import deque
 from pathlib import Path
 
-import numpy as np
+from dataclasses import dataclass, field
 
+import numpy as np
+import xxhash
+
+from ..errors import UserError
 from ..files import file_sha256
-from ..io import ParseError, check_source, detect_format
+from ..formats import SHARD_FORMATS, ParseError, TokenizedBlock, accession, check_source, detect_format, format_name
+from ..formats import iter_ranges, iter_text_blocks, tokenize_block
+from ..formats.text import is_gzip, read_range
 from ..tokenizer import VERSION, Tokenizer
-from .blocks import BlockResult, is_gzip, iter_ranges, iter_text_blocks, read_range, tokenize_block
 from .dedup import HashSet
 from .shards import MANIFEST, ShardWriter, write_json
-from .split import SPLITS
-from ..errors import UserError
+from .split import SPLITS, split_codes
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2  # 2: a repeated id with another sequence is refused or counted invalid
@@ -61,11 +65,51 @@ def prepared_dir_for(source: Path, sha: str, params: dict, data_dir: Path) -> Pa
     return data_dir / "prepared" / f"{name}-{sha[:16]}-{ph}"
 
 
+@dataclass
+class BlockResult:
+    """What one block turned into. Records are grouped by split (train, valid, test in
+    that order, file order within a split); ``tokens`` holds each record's residues
+    followed by ``<eos>``."""
+    tokens: np.ndarray            # uint8
+    lengths: np.ndarray           # int64, residues per record (eos not counted)
+    hashes: np.ndarray            # uint64, xxh3 of the record's token ids (for de-duplication)
+    splits: np.ndarray            # uint8 index into SPLITS
+    records: np.ndarray           # int64, index of each record in the block (file order)
+    read: np.ndarray              # int64[3], records read per split
+    invalid: np.ndarray           # int64[3], invalid records per split
+    id_hashes: np.ndarray         # uint64, xxh3 of each record's id (a repeated id is refused or skipped)
+    lines: np.ndarray             # int64, 0-based line of each record's header in the block
+    ids: list                     # bytes, each record's id (for messages)
+    newlines: int                 # newline count of the block
+    nbytes: int                   # size of the block's text
+    reasons: list = field(default_factory=list)  # up to MAX_REASONS (relative line, id, why)
+
+
+def by_split(block: TokenizedBlock, valid_fraction: float, test_fraction: float, eos_id: int) -> BlockResult:
+    """A tokenized block's valid records grouped by split (from their accessions), each
+    followed by ``<eos>``, with the hashes de-duplication and the id check need."""
+    codes = split_codes([accession(i) for i in block.ids], valid_fraction, test_fraction)
+    read = np.bincount(codes, minlength=3).astype(np.int64)
+    inv = np.bincount(codes[block.invalid], minlength=3).astype(np.int64)
+    good = np.flatnonzero(~block.invalid)
+    order = good[np.argsort(codes[good], kind="stable")]  # grouped by split, file order within
+    kept = [block.sequences[i] for i in order.tolist()]
+    eos = bytes([eos_id])
+    tokens = np.frombuffer(eos.join(kept) + eos if kept else b"", dtype=np.uint8)
+    hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, kept), dtype=np.uint64, count=len(kept))
+    kept_ids = [block.ids[i] for i in order.tolist()]
+    id_hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, kept_ids), dtype=np.uint64, count=len(kept_ids))
+    lengths = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+    return BlockResult(tokens=tokens, lengths=lengths, hashes=hashes, splits=codes[order], records=order, read=read,
+                       invalid=inv, id_hashes=id_hashes, lines=block.lines[order], ids=kept_ids,
+                       newlines=block.newlines, nbytes=block.nbytes, reasons=block.reasons)
+
+
 def _work(task) -> BlockResult:
     kind, payload, format, tokenizer, vf, tf, first, source = task
     buf = read_range(*payload) if kind == "range" else payload
-    return tokenize_block(buf, format, tokenizer=tokenizer, valid_fraction=vf, test_fraction=tf,
-                          first_block=first, source=source)
+    block = tokenize_block(buf, format, tokenizer=tokenizer, first_block=first, source=source)
+    return by_split(block, vf, tf, tokenizer.eos_id)
 
 
 class _Ordered:
@@ -143,7 +187,9 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
         raise UserError(f"on_invalid must be 'skip' or 'error', got {on_invalid!r}")
     if not (valid_fraction >= 0 and test_fraction >= 0 and valid_fraction + test_fraction < 1):
         raise UserError(f"need 0 <= valid_fraction, test_fraction and a sum < 1, got {valid_fraction}, {test_fraction}")
-    format = {"dat": "uniprot", "swiss": "uniprot"}.get(format, format) or detect_format(source)
+    format = format_name(format, shards=True) if format else detect_format(source)
+    if format not in SHARD_FORMATS:  # a table, told by its name
+        raise UserError(f"{source}: a {format.upper()} table; preparation reads FASTA or UniProt flat files")
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     sha = file_sha256(source, data_dir)
     params = _params(format, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part)
@@ -159,8 +205,8 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
         with file_lock(lock):  # DDP ranks / parallel jobs: one prepares
             if (out / MANIFEST).is_file():
                 return out
-            return _prepare(source, out, format, sha, params, valid_fraction, test_fraction, unknown, on_invalid,
-                            dedup, workers, block_size, blocks_per_part, max_parts, progress, need)
+            return _prepare(source, out, sha, params, on_invalid=on_invalid, workers=workers, max_parts=max_parts,
+                            progress=progress, need=need)
     except BaseException:
         if created and not _part_path(out, 0).is_file():  # nothing committed to resume from
             _discard(out)
@@ -255,8 +301,41 @@ def file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, unknown, on_invalid, dedup, workers,
-             block_size, blocks_per_part, max_parts, progress, need) -> Path:
+def _prepare(source: Path, out: Path, sha: str, params: dict, *, on_invalid: str, workers: int | None,
+             max_parts: int | None, progress: bool, need: tuple[str, ...]) -> Path:
+    """Claim ``out``, resume after its last committed part, run the remaining parts, write the
+    manifest. ``params`` (:func:`_params`) holds the settings the shards depend on."""
+    _claim(out, sha, params)
+    p = params
+    part, state, seen, ids = _resume(out, p["dedup"])
+    gz = is_gzip(source)
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    tasks = _tasks(source, p["format"], Tokenizer(unknown=p["unknown"]), p["valid_fraction"], p["test_fraction"],
+                   p["block_size"], state.next_offset, by_range=not gz and workers > 0)
+    bar = _progress_bar(source, gz, state.next_offset) if progress else None
+    t0 = time.perf_counter()
+    try:
+        part, done = _run_parts(tasks, workers, out, part, state, seen if p["dedup"] else None, ids, str(source),
+                                on_invalid, p["blocks_per_part"], max_parts, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if not done:
+        log.info("%s: stopped after %d parts (max_parts); call again to continue", out, part)
+        return out
+    manifest = _manifest(state, source, sha, gz, params, time.perf_counter() - t0)
+    try:
+        check_splits(source, manifest, need, p["valid_fraction"])
+    except UserError:
+        _discard(out)  # complete but unusable for these settings: no folder to mistake for data
+        raise
+    write_json(out / MANIFEST, manifest)
+    print(_summary(source, out, manifest))
+    return out
+
+
+def _claim(out: Path, sha: str, params: dict) -> None:
+    """Mark ``out`` as this source's preparation under these settings (refusing another's)."""
     (out / "parts").mkdir(parents=True, exist_ok=True)
     info_path = out / "params.json"
     info = {"source_sha256": sha, "params": params}
@@ -264,7 +343,9 @@ def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, un
         raise UserError(f"{out}: holds a preparation of other data or settings ({info_path}); use another out_dir")
     write_json(info_path, info)
 
-    # resume after the last committed part
+
+def _resume(out: Path, dedup: bool) -> tuple[int, _State, HashSet, IdCheck]:
+    """(next part, counts, de-dup set, id check) after the last committed part (all empty at the start)."""
     part = 0
     while _part_path(out, part).is_file():
         part += 1
@@ -279,70 +360,62 @@ def _prepare(source, out, format, sha, params, valid_fraction, test_fraction, un
         for p in range(part):
             ids.load(_ids_path(out, p))
         log.info("%s: resuming after %d finished parts (%d sequences)", out, part, len(ids))
+    return part, state, seen, ids
 
-    tokenizer = Tokenizer(unknown=unknown)
-    gz = is_gzip(source)
-    workers = (os.cpu_count() or 1) if workers is None else workers
+
+def _tasks(source: Path, format: str, tokenizer: Tokenizer, valid_fraction: float, test_fraction: float,
+           block_size: int, start: int, by_range: bool):
+    """(offset, worker task) per block from ``start``: the block's text, or (uncompressed, with
+    workers) only its byte range, which the worker reads itself."""
     src = str(source)
+    if by_range:
+        it = ((off, ("range", (src, off, n))) for off, n in iter_ranges(source, format, block_size, start))
+    else:
+        it = ((off, ("bytes", buf)) for off, buf in iter_text_blocks(source, format, block_size, start))
+    for off, (kind, payload) in it:
+        yield off, (kind, payload, format, tokenizer, valid_fraction, test_fraction, off == 0, src)
 
-    def tasks():
-        if gz or workers == 0:
-            it = ((off, ("bytes", buf)) for off, buf in iter_text_blocks(source, format, block_size, state.next_offset))
-        else:
-            it = ((off, ("range", (src, off, n))) for off, n in iter_ranges(source, format, block_size, state.next_offset))
-        for off, (kind, payload) in it:
-            yield off, (kind, payload, format, tokenizer, valid_fraction, test_fraction, off == 0, src)
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=None if gz else source.stat().st_size, initial=0 if gz else state.next_offset,
-                   unit="B", unit_scale=True, desc=f"prepare {source.name}")
-    t0 = time.perf_counter()
+def _progress_bar(source: Path, gz: bool, start: int):
+    from tqdm import tqdm
+    return tqdm(total=None if gz else source.stat().st_size, initial=0 if gz else start,
+                unit="B", unit_scale=True, desc=f"prepare {source.name}")
+
+
+def _run_parts(tasks, workers: int, out: Path, part: int, state: _State, seen: HashSet | None, ids: IdCheck,
+               src: str, on_invalid: str, blocks_per_part: int, max_parts: int | None, bar) -> tuple[int, bool]:
+    """Absorb the blocks' results in block order, committing a part every ``blocks_per_part``
+    blocks and at the end; (parts committed, whether the source is finished)."""
     runner = _Ordered(workers)
     writers = None
-    block = state.blocks
-    done = True
     try:
-        for off, res in runner.map(tasks()):
+        for off, res in runner.map(tasks):
             if writers is None:
                 writers = {s: ShardWriter(out, s, part) for s in SPLITS}
-            _absorb(res, off, state, seen if dedup else None, ids, writers, src, on_invalid)
-            block += 1
-            state.blocks = block
+            _absorb(res, off, state, seen, ids, writers, src, on_invalid)
+            state.blocks += 1
             if bar is not None:
                 bar.update(res.nbytes)
-            if block % blocks_per_part == 0:
+            if state.blocks % blocks_per_part == 0:
                 _commit(out, part, writers, state, ids)
                 writers, part = None, part + 1
                 if max_parts is not None and part >= max_parts:
-                    done = False
-                    break
+                    return part, False
         if writers is not None:
             _commit(out, part, writers, state, ids)
             part += 1
     finally:
         runner.close()
-        if bar is not None:
-            bar.close()
-    if not done:
-        log.info("%s: stopped after %d parts (max_parts); call again to continue", out, part)
-        return out
-    manifest = _manifest(state, source, sha, format, gz, params, time.perf_counter() - t0)
-    try:
-        check_splits(source, manifest, need, valid_fraction)
-    except UserError:
-        _discard(out)  # complete but unusable for these settings: no folder to mistake for data
-        raise
-    write_json(out / MANIFEST, manifest)
-    c = manifest
+    return part, True
+
+
+def _summary(source: Path, out: Path, c: dict) -> str:
     msg = (f"prepared {source}: read {c['records_read']:,} records, kept {c['kept']:,}, "
            f"duplicates {c['duplicates']:,}, invalid {c['invalid']:,}; "
            + ", ".join(f"{s} {c['splits'][s]['kept']:,}" for s in SPLITS) + f"\nprepared data: {out}")
     if c["invalid"]:
         msg += "\ninvalid records (first few): " + "; ".join(c["invalid_examples"])
-    print(msg)
-    return out
+    return msg
 
 
 class IdCheck:
@@ -447,7 +520,7 @@ def _commit(out: Path, part: int, writers: dict, state: _State, ids: IdCheck) ->
     write_json(_part_path(out, part), state.to_dict())  # last: the part counts as done once this exists
 
 
-def _manifest(state: _State, source: Path, sha: str, format: str, gz: bool, params: dict, seconds: float) -> dict:
+def _manifest(state: _State, source: Path, sha: str, gz: bool, params: dict, seconds: float) -> dict:
     c = state.counts
     splits = {s: {k: c[k][s] for k in ("records_read", "kept", "duplicates", "invalid", "tokens")}
               | {"shards": [x for x in state.shards[s] if x["records"] > 0],
@@ -457,7 +530,7 @@ def _manifest(state: _State, source: Path, sha: str, format: str, gz: bool, para
     return {
         "format_version": FORMAT_VERSION,
         "tokenizer_version": VERSION,
-        "source": {"path": str(source), "bytes": source.stat().st_size, "sha256": sha, "format": format, "gzip": gz,
+        "source": {"path": str(source), "bytes": source.stat().st_size, "sha256": sha, "format": params["format"], "gzip": gz,
                    "uncompressed_bytes": state.next_offset},
         "params": params,
         **total,

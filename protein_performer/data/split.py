@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import xxhash
 
-from ..io import accession
+from ..formats import accession
 
 SPLITS = ("train", "valid", "test")
 
