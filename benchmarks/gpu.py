@@ -25,6 +25,7 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -71,6 +72,9 @@ def gpu_facts() -> dict:
 
 
 def commit() -> str:
+    """$GIT_COMMIT (a working tree copied to a GPU machine may have no .git), else git's HEAD."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=common.ROOT, timeout=10).stdout.strip() or "unknown"
@@ -144,7 +148,7 @@ def attention_rows(lengths, clock: Clock) -> list[dict]:
 
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         fns = {"favor_fla": lambda q, k, v: kernel_attention(favor, q, k, v, True, backend="fla"),
-               "favor_torch": lambda q, k, v: kernel_attention(favor, q, k, v, True, backend="torch"),
+               "favor_torch": lambda q, k, v: kernel_attention(favor, q, k, v, True, chunk_size=128, backend="torch"),
                "elu_fla": lambda q, k, v: kernel_attention(elu, q, k, v, True, backend="fla"),
                "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
         rows = []
@@ -181,7 +185,8 @@ def lm_rows(lengths, clock: Clock) -> list[dict]:
     rows = []
     for L in lengths:
         row = {"L": L}
-        tokens = torch.randint(4, 24, (1, L + 1), device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+        g = torch.Generator(device="cuda").manual_seed(0)
+        tokens = torch.randint(4, 24, (1, L + 1), device="cuda", generator=g)
         for name, attention in kinds.items():
             if fla_missing and name.endswith("_fla"):
                 row[name] = {"skip": "fla missing"}
@@ -231,8 +236,8 @@ def report(att: list[dict], lm: list[dict], facts: dict, vers: dict, args, secon
              " torch.cuda.max_memory_allocated during the timed calls, inputs included.", "",
              f"## Causal attention, forward + backward (bf16, batch 1, {HEADS} heads, head dim {HEAD_DIM}, "
              f"r = {FEATURES})", "", "Milliseconds per step (peak MiB):", ""]
-    header = ["L"] + [METHODS[m] for m in METHODS] + ["SDPA / FAVOR+ fla", "FAVOR+ fla / elu+1 fla",
-                                                       "FAVOR+ torch / fla"]
+    header = ["L", *METHODS.values(), "FAVOR+ fla speed-up over SDPA", "FAVOR+ fla time / elu+1 fla",
+              "FAVOR+ torch time / fla"]
     rows = [[f"{r['L']:,}"] + [f"{cell(r[m])} ({cell(r[m], 'mib', 1, '{:.0f}')})" if "s" in r[m] else cell(r[m])
                                for m in METHODS]
             + [ratio(r["sdpa"], r["favor_fla"]), ratio(r["favor_fla"], r["elu_fla"]),
@@ -240,7 +245,7 @@ def report(att: list[dict], lm: list[dict], facts: dict, vers: dict, args, secon
     lines += common.md_table(header, rows)
     lines += ["", f"## LM training step (bf16 autocast, AdamW; dim {LM['dim']}, depth {LM['depth']}, "
               f"{LM['heads']} heads, causal, batch 1)", "", "Tokens/s (peak MiB):", ""]
-    header = ["L"] + list(LM_METHODS.values()) + ["FAVOR+ fla / exact (tokens/s)"]
+    header = ["L"] + list(LM_METHODS.values()) + ["FAVOR+ fla speed-up over exact"]
     rows = [[f"1 x {r['L']:,}"] + [f"{r[m]['tokens_s']:,.0f} ({r[m]['mib']:,.0f})" if "s" in r[m] else cell(r[m])
                                    for m in LM_METHODS]
             + [ratio(r["exact"], r["favor_fla"])] for r in lm]
@@ -269,7 +274,8 @@ def report(att: list[dict], lm: list[dict], facts: dict, vers: dict, args, secon
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="L = 1k, 4k; LM at 8k")
     p.add_argument("--budget", type=float, default=170.0, help="start no new measurement after this many seconds")
     p.add_argument("--warmup", type=int, default=2)

@@ -3,6 +3,7 @@
 # (tests/test_cuda.py, marker cuda), then benchmarks/gpu.py, which writes docs/benchmarks_gpu.md.
 #
 #   bash benchmarks/gpu_check.sh [--out DIR]     # on the GPU machine; DIR gets the doc, JSON and logs
+#   (GIT_COMMIT=<sha> names the commit measured where the copied tree has no .git)
 #   bash benchmarks/gpu_check.sh --download      # where pip works: fill benchmarks/gpu_wheels/
 #
 # Where pip works on the GPU machine, `pip install -e ".[dev,gpu]"` first is all it needs. On a GPU
@@ -40,10 +41,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 
 status=0
 # the CUDA tests: about 2 minutes (first calls compile fla's Triton kernels)
-timeout 170 "$PY" -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -rs 2>&1 | tee "$LOGS/test_cuda.log" \
+timeout 160 "$PY" -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider -rs 2>&1 | tee "$LOGS/test_cuda.log" \
     || status=$?
 # the benchmark: starts no new measurement after --budget seconds
-timeout 150 "$PY" benchmarks/gpu.py --budget 110 --json "$LOGS/benchmarks_gpu.json" 2>&1 | tee "$LOGS/gpu_bench.log" \
+timeout 130 "$PY" benchmarks/gpu.py --budget 100 --json "$LOGS/benchmarks_gpu.json" 2>&1 | tee "$LOGS/gpu_bench.log" \
     || status=$?
 if [ -n "$OUT" ]; then cp docs/benchmarks_gpu.md "$OUT/" || true; fi
 exit $status

@@ -272,7 +272,7 @@ def test_auto_takes_fla_on_cuda_when_it_imports_and_says_so_once(monkeypatch, ca
     with caplog.at_level("INFO", logger="protein_performer.attention.fla_backend"):
         assert [resolve_backend("auto", "cuda") for _ in range(3)] == ["fla"] * 3
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["causal linear attention: backend=auto runs fla chunk_simple_gla (fla on cuda)"]
+    assert lines == ["causal linear attention: backend=auto runs fla chunk_simple_gla (the model runs on cuda)"]
 
 
 def test_layer_with_fla_on_cpu_is_one_line_error():

@@ -82,13 +82,13 @@ def resolve_backend(backend: str, device) -> str:
         if backend == "fla":
             raise UserError(f"model.attention.backend=fla needs a CUDA device (the model runs on {device}); "
                             "use backend=auto or torch")
-        chosen, why = "torch", f"no CUDA ({device})"
+        chosen, why = "torch", f"the model runs on {device}"
     elif (problem := fla_import_problem()) is not None:
         if backend == "fla":
             raise UserError(f"model.attention.backend=fla: {problem}")
         chosen, why = "torch", problem
     else:
-        chosen, why = "fla", f"fla on {device}"
+        chosen, why = "fla", f"the model runs on {device}"
     if (backend, device.type, chosen) not in _announced:
         _announced.add((backend, device.type, chosen))
         log.info("causal linear attention: backend=%s runs %s (%s)", backend,
@@ -147,8 +147,8 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             if g is not None:   # into units of exp(M_first): g_first = 0 then (an empty row keeps m0)
                 with torch.no_grad():
                     has = first.any(1)[:, None]                                          # (B, 1)
-                    M_first = torch.where(has, M.gather(-1, first.int().argmax(1)[:, None, None].expand(B, H, 1))[..., 0],
-                                          m0)
+                    at = first.int().argmax(1)[:, None, None].expand(B, H, 1)            # first real position
+                    M_first = torch.where(has, M.gather(-1, at)[..., 0], m0)
                 h0 = h0 * torch.exp(m0 - M_first)[..., None, None]
             h0 = F.pad(h0, (0, Vp - d - 1, 0, Kp - r)).float()
         # fp16 only: 2^-n keeps the normalizer (<= L * r: features are <= 1) inside fp16's range
