@@ -28,22 +28,56 @@ from ..attention.feature_maps import REGISTRY
 from ..errors import UserError, first_line
 from ..files import atomic_path
 from ..model import ModelConfig
+from ..model import PerformerLM
 from ..objectives import check_objective
+from ..tokenizer import Tokenizer
 from .quiet import quiet_libraries
 from .run_folder import check_own_files, check_run_folder, journal, replacing_run
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
-from .task import ProteinLM
+from .distill import Distiller, data_to_model_ids, load_start, remap_frequencies, student_config
+from .task import ProteinLM, load_checkpoint
 
 log = logging.getLogger(__name__)
 
 
-def build_task(cfg: DictConfig, aa_frequencies: torch.Tensor | None) -> ProteinLM:
+def build_task(cfg: DictConfig, aa_frequencies: torch.Tensor | None, start: PerformerLM | None = None) -> ProteinLM:
+    """The task of ``cfg``; with ``start`` (init_from's model), its architecture and weights under
+    ``model.attention``'s kernel."""
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("name", None)
     model_cfg.setdefault("attention", {}).setdefault("run_seed", int(cfg.seed or 0))  # seed-dependent projections
-    return ProteinLM(model=model_cfg, objective=cfg.objective.name,
-                     aa_frequencies=None if aa_frequencies is None else aa_frequencies.tolist(),
+    where = f"init_from={cfg.get('init_from')}"
+    if start is not None:
+        model_cfg = student_config(start, model_cfg["attention"], cfg.objective.name == "clm", where)
+    freqs = None if aa_frequencies is None else aa_frequencies.tolist()
+    if freqs is not None:  # data ids -> the model's vocabulary's
+        vocab = Tokenizer(vocabulary=model_cfg.get("vocabulary", Tokenizer().vocabulary))
+        freqs = remap_frequencies(freqs, data_to_model_ids(vocab.vocabulary), vocab.vocab_size)
+    task = ProteinLM(model=model_cfg, objective=cfg.objective.name, aa_frequencies=freqs,
                      **OmegaConf.to_container(cfg.optim, resolve=True))
+    if start is not None:
+        load_start(task.model, start, where)
+    return task
+
+
+def open_checkpoint_model(path: str) -> PerformerLM:
+    """init_from / distill.teacher when train() is not given an opener: a training checkpoint only
+    (the train command opens exported and convert-esm directories too, through the hub)."""
+    if Path(path).is_dir():
+        raise UserError(f"{path}: a directory; run through `protein-performer train` (or scripts/train.py) "
+                        f"to start from an exported or converted directory")
+    return load_checkpoint(path).model
+
+
+def open_start(cfg: DictConfig, open_model) -> tuple[PerformerLM | None, Distiller | None]:
+    """init_from's model and the distillation teacher, opened (and checked) before anything is written."""
+    init_from, d = cfg.get("init_from"), cfg.get("distill") or {}
+    start = open_model(str(init_from)) if init_from else None
+    distiller = None
+    if d.get("teacher"):
+        where = str(d["teacher"])
+        distiller = Distiller(open_model(where), d.get("weight", 1.0), d.get("attention_weight", 0.0), where)
+    return start, distiller
 
 
 def check_checkpoint(path: str) -> None:
@@ -141,9 +175,10 @@ def choose_best(trainer: pl.Trainer, callback: ModelCheckpoint, val_loss: float 
     return best, best != old
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
+def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model) -> tuple[dict, ProteinLM]:
     """Train per ``cfg``; checkpoints in ``run_dir/checkpoints``. Returns the final
-    validation metrics and the trained module."""
+    validation metrics and the trained module. ``open_model``: path -> PerformerLM, for
+    ``init_from`` and ``distill.teacher``."""
     quiet_libraries()
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -153,6 +188,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     check_settings(cfg)
     if ckpt_path:
         check_checkpoint(ckpt_path)
+    start, distiller = open_start(cfg, open_model)
     if zero:  # DDP re-launches this for the other ranks once rank zero trains (and set old checkpoints aside)
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
         check_own_files(run_dir, ("config.yaml",))
@@ -161,7 +197,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> tuple[dict, ProteinLM]:
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
-    task = build_task(cfg, getattr(datamodule, "aa_frequencies", None))
+    task = build_task(cfg, getattr(datamodule, "aa_frequencies", None), start)
+    task.set_distiller(distiller)
     written = journal(run_dir)
     if zero:
         remove_stale_temporaries(written)

@@ -18,6 +18,7 @@ from ..model import ModelConfig, PerformerLM
 from ..objectives import IGNORE, SUMS, Scores, check_objective, score_rows
 from ..tokenizer import VERSION, Tokenizer
 from ..errors import UserError, first_line
+from .distill import Distiller, data_to_model_ids
 
 
 class ProteinLM(pl.LightningModule):
@@ -29,9 +30,13 @@ class ProteinLM(pl.LightningModule):
         if tokenizer_version != VERSION:
             raise UserError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
         self.save_hyperparameters()
-        self.tokenizer = Tokenizer()
+        # the model's vocabulary (a model converted from ESM reads ESM's ids); the data pipeline writes
+        # protein-performer's ids, mapped to the model's in every step (data_ids; None: the same)
+        self.tokenizer = Tokenizer(vocabulary=(model or {}).get("vocabulary", Tokenizer().vocabulary))
         self.model = PerformerLM(ModelConfig.from_dict(model, vocab_size=self.tokenizer.vocab_size,
                                                             causal=objective == "clm"))
+        self.register_buffer("data_ids", data_to_model_ids(self.tokenizer.vocabulary), persistent=False)
+        self.distiller: Distiller | None = None  # a frozen teacher (not a submodule: not in checkpoints)
         # float64 sums: token counts pass 2^24 long before TrEMBL-sized validation sets end
         self.val_sums = torch.nn.ModuleDict({k: SumMetric().set_dtype(torch.float64) for k in SUMS})
 
@@ -56,12 +61,34 @@ class ProteinLM(pl.LightningModule):
     def forward(self, inputs: torch.Tensor, padding_mask: torch.Tensor | None = None, **kw):
         return self.model(inputs, padding_mask, **kw)
 
+    def set_distiller(self, distiller: Distiller | None) -> None:
+        """Train with ``distiller``'s terms added to the loss (None: the objective alone)."""
+        if distiller is not None:
+            distiller.check(self.model)
+        self.distiller = distiller
+
+    def model_ids(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's inputs and labels in the model's vocabulary."""
+        inputs, labels = batch["inputs"], batch["labels"]
+        if self.data_ids is None:
+            return inputs, labels
+        return self.data_ids[inputs], torch.where(labels == IGNORE, labels, self.data_ids[labels.clamp(min=0)])
+
     def training_step(self, batch, batch_idx):
-        logits, labels = self(batch["inputs"], batch["padding_mask"]), batch["labels"]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+        inputs, labels = self.model_ids(batch)
+        if self.distiller is None:
+            logits = self(inputs, batch["padding_mask"])
+        else:
+            logits, terms = self.distiller.loss(self.model, inputs, batch["padding_mask"], labels)
+        objective = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+        loss = objective if self.distiller is None else objective + terms["loss"]
+        if self.distiller is not None:
+            self.log("train/objective_loss", objective.detach())
+            self.log("train/distill_kl", terms["kl"].detach())
+            self.log("train/distill_attention", terms["attention"].detach())
         scored = labels != IGNORE
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/perplexity", torch.exp(loss.detach()))
+        self.log("train/perplexity", torch.exp(objective.detach()))
         self.log("train/accuracy", ((logits.argmax(-1) == labels) & scored).sum() / scored.sum().clamp(min=1))
         self.log("train/tokens", scored.sum().float(), reduce_fx="sum")
         return loss
@@ -69,7 +96,8 @@ class ProteinLM(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         # the batch holds each protein as evaluate.py scores it (Collator with fixed_seed)
         freqs = self.aa_frequencies
-        rows = score_rows(self(batch["inputs"], batch["padding_mask"]), batch["labels"], freqs)
+        inputs, labels = self.model_ids(batch)
+        rows = score_rows(self(inputs, batch["padding_mask"]), labels, freqs)
         for k, v in rows.items():
             self.val_sums[k].update(v.sum())
 
