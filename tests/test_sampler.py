@@ -197,6 +197,9 @@ def test_concat_window_lengths_by_hand_with_an_empty_shard():
     from protein_performer.data.concat import ConcatWindows
     streams = [np.arange(10, dtype=np.uint8), np.zeros(0, np.uint8), np.arange(5, dtype=np.uint8)]
     fake = SimpleNamespace(shards=[{"tokens": len(s)} for s in streams], tokens=lambda j: streams[j])
-    ds = ConcatWindows(fake, window=4)
+    ds = ConcatWindows(fake, concat_len=4)
     assert ds.lengths.tolist() == [4, 4, 2, 4, 1]  # 10 = 4+4+2, empty shard: none, 5 = 4+1
     assert [len(ds[i]) for i in range(len(ds))] == ds.lengths.tolist()
+    from protein_performer.errors import UserError
+    with pytest.raises(UserError, match=r"^data\.concat_len must be at least 2 tokens, got 1$"):
+        ConcatWindows(fake, concat_len=1)  # the key a user sets, not the argument's name

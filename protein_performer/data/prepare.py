@@ -252,14 +252,15 @@ def prepare_data_config(data: dict) -> Path:
     if (data.get("path") is None) == (data.get("url") is None):
         raise UserError("give exactly one of data.path (a local FASTA/.dat file) and data.url")
     data_dir = Path(data["data_dir"]).expanduser() if data.get("data_dir") else default_data_dir()
-    src = source_file(data.get("path"), data.get("url"), data_dir, download=data.get("download", False),
-                      md5=data.get("md5"), metalink=data.get("metalink"), progress=data.get("progress", True),
-                      retries=data.get("download_retries"), backoff=data.get("download_backoff"))
-    return prepare(src, data_dir=data_dir, format=data.get("format"), need=("train", "valid"),
-                   valid_fraction=data.get("valid_fraction", 0.01), test_fraction=data.get("test_fraction", 0.01),
-                   unknown=data.get("unknown", "error"), on_invalid=data.get("on_invalid", "skip"),
-                   dedup=data.get("dedup", True), workers=data.get("prepare_workers"),
-                   progress=data.get("progress", True))
+    given = lambda keys: {arg: data[key] for key, arg in keys.items() if data.get(key) is not None}  # noqa: E731
+    src = source_file(data.get("path"), data.get("url"), data_dir, **given(
+        {"download": "download", "md5": "md5", "metalink": "metalink", "progress": "progress",
+         "download_retries": "retries", "download_backoff": "backoff"}))
+    # keys the config leaves out (or null) take prepare's defaults: one home for each
+    return prepare(src, data_dir=data_dir, need=("train", "valid"), **given(
+        {"format": "format", "valid_fraction": "valid_fraction", "test_fraction": "test_fraction",
+         "unknown": "unknown", "on_invalid": "on_invalid", "dedup": "dedup", "prepare_workers": "workers",
+         "progress": "progress"}))
 
 
 def check_splits(source: Path, counts: dict, need: tuple[str, ...], valid_fraction: float) -> None:
