@@ -119,3 +119,72 @@ def test_non_finite_value_alone_poisons_only_later_rows(bad):
     out = linear_attention(q, k, v2, causal=True, chunk_size=8)
     assert torch.equal(out[:, :, :11], ref[:, :, :11])
     assert (~torch.isfinite(out[:, :, 11:])).any(-1).all()
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "favor++"])
+def test_fused_features_gradients_match_the_raw_formula(kernel):
+    """The one-pass exponential features (matmul with the bias and norm columns, row max, exp; own
+    backward) give the gradients of the unstabilized formula exp(w.x - |x|^2/2) through the naive
+    quadratic attention, float64, causal and bidirectional, per-head FAVOR++ parameters included."""
+    fm = build_feature_map(kernel, 16, 24, generator=torch.Generator().manual_seed(3), heads=3).double()
+    if kernel == "favor++":
+        fm.rho.copy_(torch.tensor([0.1, 0.6, 2.0], dtype=torch.float64))
+    g = torch.Generator().manual_seed(9)
+    q0, k0 = (torch.randn(2, 3, 37, 16, generator=g, dtype=torch.float64) * 0.8 for _ in range(2))
+    v0, w = (torch.randn(2, 3, 37, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    for causal in (True, False):
+        grads = []
+        for fast in (True, False):
+            q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+            if fast:
+                out = kernel_attention(fm, q, k, v, causal=causal, chunk_size=8)
+            else:
+                out = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v,
+                                             causal=causal)
+            grads.append([out.detach(), *torch.autograd.grad((out * w).sum(), (q, k, v))])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_head_groups_equal_all_heads_at_once(monkeypatch):
+    """Attention head group by head group (linear.GROUP_BYTES) gives the outputs and gradients of all
+    heads at once, with padding and causal masking."""
+    import protein_performer.attention.linear as linear
+
+    fm = build_feature_map("softmax", 8, 16, generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(10)
+    q0, k0, v0 = (torch.randn(2, 5, 33, 8, generator=g) for _ in range(3))
+    mask = torch.zeros(2, 33, dtype=torch.bool)
+    mask[1, 29:] = True
+    for causal in (True, False):
+        runs = []
+        for group_bytes in (2 ** 40, 2 * 33 * 16 * 4 * 2):  # all heads; groups of 2 (5 heads: 2, 2, 1)
+            monkeypatch.setattr(linear, "GROUP_BYTES", group_bytes)
+            q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+            out = kernel_attention(fm, q, k, v, causal=causal, key_padding_mask=mask, chunk_size=8)
+            runs.append([out[0], out[1, :, :29], *torch.autograd.grad(out[0].sum() + out[1, :, :29].sum(), (q, k, v))])
+        assert linear.head_groups(2, 5, 33, 16) == 2
+        for a, b in zip(*runs):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_running_max_jump_of_20_nats_matches_naive():
+    """Key log-scales that jump by +20 nats inside a chunk (and +60 in a later one): outputs and
+    gradients (incl. the log-scales') equal the quadratic float64 reference."""
+    L, C = 50, 8
+    q0, k0 = _positive(2, 2, L, 5, seed=11), _positive(2, 2, L, 5, seed=12)
+    v0 = torch.randn(2, 2, L, 3, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    s0 = torch.randn(2, 2, L, 1, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    s0[:, :, 19:] += 20.0                                # inside the chunk 16..23
+    s0[:, 1, 42:] += 60.0
+    w = torch.randn(2, 2, L, 3, generator=torch.Generator().manual_seed(15), dtype=torch.float64)
+    grads = []
+    for fast in (True, False):
+        q, k, v, s = (t.clone().requires_grad_() for t in (q0, k0, v0, s0))
+        if fast:
+            out = linear_attention(q, k, v, causal=True, chunk_size=C, k_log_scale=s)
+        else:
+            out = naive_linear_attention(q, k * s.exp(), v, causal=True)
+        grads.append([out.detach(), *torch.autograd.grad((out * w).sum(), (q, k, v, s))])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)

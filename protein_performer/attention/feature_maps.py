@@ -88,12 +88,50 @@ class KeyFeatures(NamedTuple):
     log_scale: torch.Tensor | None = None
 
 
-def _row_max_shifted(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exp(u - m), m) with m the row maximum, detached, computed in place (amax, sub, exp: on CPU
-    cheaper than a softmax kernel, and far cheaper than logsumexp)."""
-    with torch.no_grad():
+class _ExpFeatures(torch.autograd.Function):
+    """Stabilized exponential features in one pass over L x r: f = exp(u - max_r u), m = max_r u, with
+    u = x W^T + b - c |x|^2 (c = 0 for queries) formed by one matmul of [x, 1, -|x|^2] with [W, b, c]
+    (no separate passes for the bias, the norm term and autograd's negation of it).  m is returned
+    detached: it is a common factor of the row (queries: it cancels; keys: it is handed over as the
+    log-scale and the attention multiplies it back), so treating it as a constant gives the exact
+    gradient.  The backward is du = g f (one pass) and dx = du W - 2 c (sum_r du) x; it saves only
+    f, which the attention saves anyway, and x."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, c):
+        # x (..., d), w (r, d) or (H, r, d), b (r,) or (H, 1, r) or None, c a float
+        cols = [x]
+        wcols = [w]
+        if b is not None:
+            cols.append(torch.ones_like(x[..., :1]))
+            wcols.append(b.transpose(-1, -2) if b.dim() > 1 else b[:, None])
+        if c:
+            cols.append(-(x * x).sum(-1, keepdim=True))
+            wcols.append(torch.full_like(w[..., :1], c))
+        xa = torch.cat(cols, -1) if len(cols) > 1 else x
+        wa = torch.cat(wcols, -1) if len(wcols) > 1 else w
+        u = torch.matmul(xa, wa.transpose(-1, -2))
         m = u.amax(-1, keepdim=True)
-    return u.sub_(m).exp_(), m
+        f = u.sub_(m).exp_()
+        ctx.save_for_backward(x, f, w)
+        ctx.c = c
+        ctx.mark_non_differentiable(m)
+        return f, m
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g, _gm):
+        x, f, w = ctx.saved_tensors
+        du = g * f
+        dx = torch.matmul(du, w)
+        if ctx.c:
+            dx.addcmul_(du.sum(-1, keepdim=True), x, value=-2 * ctx.c)
+        return dx, None, None, None
+
+
+def _exp_features(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, c: float = 0.0):
+    """(exp(u - m), m) for u = x w^T + b - c |x|^2, m the row maximum (detached); see _ExpFeatures."""
+    return _ExpFeatures.apply(x, w, b, c)
 
 
 def gaussian_random_matrix(nb_rows: int, nb_cols: int, generator: torch.Generator | None = None,
@@ -130,6 +168,8 @@ class FeatureMap(nn.Module):
     random: bool = False
     #: True if ``normalizer_floor`` returns a tensor (the decoding state then tracks it)
     has_normalizer_floor: bool = False
+    #: True if the map has parameters per head (it must see all heads at once: no head groups)
+    per_head: bool = False
 
     def __init__(self, head_dim: int):
         super().__init__()
@@ -185,13 +225,12 @@ class FavorPlus(_Projected):
             x = x.to(_compute_dtype(x))
             s2 = self.head_dim ** -0.5                                   # (d^-1/4)^2
             w = self.projection.to(x.dtype) * self.head_dim ** -0.25    # data scaling folded into W
-            half_sq = (0.5 * s2) * (x * x).sum(-1, keepdim=True)       # |x d^-1/4|^2 / 2
             if not stabilize:
+                half_sq = (0.5 * s2) * (x * x).sum(-1, keepdim=True)   # |x d^-1/4|^2 / 2
                 return torch.exp(x @ w.T - half_sq) / math.sqrt(self.num_features)
-            u = x @ w.T
             if is_query:  # per-query factors cancel: exp(w.x - |x|^2/2 - rowmax) = exp(w.x - max_r w_r.x)
-                return _row_max_shifted(u)[0]
-            return KeyFeatures(*_row_max_shifted(u.sub_(half_sq)))
+                return _exp_features(x, w)[0]
+            return KeyFeatures(*_exp_features(x, w, None, 0.5 * s2))
 
 
 def oprf_A(rho: torch.Tensor) -> torch.Tensor:
@@ -227,7 +266,7 @@ class FavorPlusPlus(FavorPlus):
     def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, orthogonal: bool = True,
                  generator: torch.Generator | None = None, heads: int = 1, momentum: float = 0.05):
         super().__init__(head_dim, nb_features, orthogonal, generator)
-        self.momentum = momentum
+        self.momentum, self.per_head = momentum, heads > 1
         self.register_buffer("rho", torch.zeros(heads))
         self.register_buffer("rho_updates", torch.zeros((), dtype=torch.long))
 
@@ -265,14 +304,14 @@ class FavorPlusPlus(FavorPlus):
             wsq = (w * w).sum(-1)                                       # (m,)
             feat_bias = A * wsq                                         # (m,) or (H, 1, m)
             wB = (Bc * self.head_dim ** -0.25) * w                      # (m, d) or (H, m, d)
-            half_sq = (0.5 * self.head_dim ** -0.5) * (x * x).sum(-1, keepdim=True)
-            u = torch.matmul(x, wB.transpose(-1, -2)).add_(feat_bias)   # B w.x + A |w|^2
+            c = 0.5 * self.head_dim ** -0.5                             # |x d^-1/4|^2 / 2 = c |x|^2
             if not stabilize:
+                u = torch.matmul(x, wB.transpose(-1, -2)).add_(feat_bias)   # B w.x + A |w|^2
                 logD = 0.25 * self.head_dim * torch.log(1 - 4 * A)
-                return torch.exp(u - half_sq + logD) / math.sqrt(self.num_features)
+                return torch.exp(u - c * (x * x).sum(-1, keepdim=True) + logD) / math.sqrt(self.num_features)
             if is_query:  # per-query factors (|x|^2/2, D, the row max) cancel
-                return _row_max_shifted(u)[0]
-            return KeyFeatures(*_row_max_shifted(u.sub_(half_sq)))
+                return _exp_features(x, wB, feat_bias)[0]
+            return KeyFeatures(*_exp_features(x, wB, feat_bias, c))
 
 
 #: why training refuses trig (measured: docs/fidelity.md, "trig: non-positive normalizers")
@@ -375,6 +414,8 @@ class EluFeatures(FeatureMap):
 
 class HedgehogFeatures(FeatureMap):
     """Hedgehog: [softmax(W x + b), softmax(-W x - b)] with per-head learned W (d x r/2) and b."""
+
+    per_head = True
 
     def __init__(self, head_dim: int, nb_features: int = NB_FEATURES, heads: int = 1,
                  generator: torch.Generator | None = None):

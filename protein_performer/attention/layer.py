@@ -28,8 +28,8 @@ from torch import nn
 
 from . import fla_backend
 from .feature_maps import KERNELS, NB_FEATURES, FavorPlusPlus, build_feature_map
-from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, init_linear_state, linear_attention,
-                     recurrent_linear_attention)
+from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, head_groups, init_linear_state,
+                     linear_attention, recurrent_linear_attention)
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
@@ -55,6 +55,11 @@ def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
         return fla_backend.fla_linear_attention(qf, kf, v, k_log_scale=k_log_scale, key_padding_mask=key_padding_mask,
                                                 eps=feature_map.normalizer_eps if floor is None else floor)[0]
+    H = q.shape[1]
+    g = H if feature_map.per_head else head_groups(q.shape[0], H, q.shape[2], feature_map.num_features)
+    if g < H:  # head group by head group (linear.head_groups: why); split's backward is one cat
+        return torch.cat([kernel_attention(feature_map, *qkv, causal, key_padding_mask, chunk_size)
+                          for qkv in zip(q.split(g, 1), k.split(g, 1), v.split(g, 1))], dim=1)
     qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
     floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
     return linear_attention(qf, kf, v, causal=causal, key_padding_mask=key_padding_mask, chunk_size=chunk_size,

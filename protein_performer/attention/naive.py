@@ -56,11 +56,6 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     return torch.softmax(logits, dim=-1) @ v
 
 
-def softmax_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The kernel FAVOR+ estimates on data-scaled inputs: exp(x . y), all pairs."""
-    return torch.exp(x @ y.transpose(-1, -2))
-
-
 def _visible(rows: torch.Tensor, L: int, causal: bool) -> torch.Tensor:
     """(n, L) bool: key j visible to query position rows[i]."""
     j = torch.arange(L, device=rows.device)

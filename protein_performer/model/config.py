@@ -7,6 +7,7 @@ from typing import Mapping
 
 from ..attention.feature_maps import KERNELS, NB_FEATURES
 from ..attention.fla_backend import BACKENDS
+from ..attention.linear import DEFAULT_CHUNK_SIZE
 from ..errors import UserError
 from ..tokenizer import VOCABULARIES, Tokenizer
 
@@ -15,7 +16,7 @@ from ..tokenizer import VOCABULARIES, Tokenizer
 class AttentionConfig:
     kernel: str = "softmax"         # softmax (FAVOR+) | favor++ | relu | trig | elu | exact
     nb_features: int = NB_FEATURES  # random features (softmax, favor++, relu, trig)
-    chunk_size: int = 128           # causal linear attention: prefix sums chunk by chunk
+    chunk_size: int = DEFAULT_CHUNK_SIZE  # causal linear attention: chunk length (one default: attention.linear)
     redraw_interval: int | None = 1000  # training forward calls between projection redraws (0/None: never)
     orthogonal: bool = True         # orthogonal (vs iid) random features
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
