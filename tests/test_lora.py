@@ -142,7 +142,8 @@ def test_finetune_with_lora_changes_only_adapted_weights_by_rank_r(task, tmp_pat
         else:
             assert torch.equal(w, w0), name
     assert changed == len(TARGETS) * task.model.encoder.depth
-    net, _ = load_finetuned(out)  # the saved folder is a plain network (adapters merged)
+    net, _ = load_finetuned(out)  # its tensors are exactly a plain network's (adapters merged): it loads
+    assert not any("lora_" in k for k in FT._state(net))
     assert json.loads((out / "metrics.json").read_text())["n"] == 24
 
 

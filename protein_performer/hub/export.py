@@ -1,6 +1,12 @@
 """Write a model as an exported directory (the layout is described in :mod:`protein_performer.hub`):
 from a training checkpoint (``export``) or from any PerformerLM (``write_model_dir``, which
-convert-esm uses too), checked by loading it back, swapped into place only when whole."""
+convert-esm uses too), checked by loading it back, swapped into place only when whole.
+
+``export`` of a ``finetune`` output writes the encoder and its task head the same way: config.json
+then also holds the head (``finetune_task``, ``pooling``, ``num_labels``, ``id2label``,
+``problem_type``, ``target_scale``), model.safetensors the fine-tuned network's tensors
+(``encoder.*``, ``head.*``), and transformers opens it with AutoModelForSequenceClassification or
+AutoModelForTokenClassification; :func:`load_finetuned` opens either folder here."""
 from __future__ import annotations
 
 import json

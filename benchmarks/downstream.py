@@ -1,0 +1,447 @@
+"""Downstream tasks and the variant scorer's speed, written to docs/downstream.md.
+
+    nice python benchmarks/downstream.py --ckpt RUN/checkpoints/last.ckpt [--lora] [--tasks signalp scop ...]
+
+On the four labeled sets bundled in data/labeled (signal peptide, SCOP class, TAPE stability,
+FLIP secondary structure), one model is compared three ways, on each set's own test split:
+
+* fine-tuned: ``protein_performer.finetune.finetune`` (the ``finetune`` command's code), the
+  whole encoder trained with a head (and, with ``--lora``, LoRA adapters instead of the
+  encoder's weights);
+* frozen linear probe: ``embed``'s default settings (last layer, mean over residues) under
+  ``probe``'s standardize + logistic-regression / ridge pipeline (per residue: the last layer's
+  hidden state of each residue);
+* amino-acid composition under the same probe (per residue: the residue's one-hot and the
+  composition of the 15 residues around it).
+
+Item 4 of issue 21: the same probe on every layer and pooling ``embed`` offers, beside composition.
+Training sets are subsampled (seeded) and fine-tuning runs a few epochs so that the whole run
+stays near 15 minutes on 2 CPU cores; the doc says how many proteins each part used. Last, the
+scorer's throughput (mutants/s, ``score``'s masked-marginal and wild-type-marginal strategies)
+on real proteins cropped to 256 ... 8,192 residues. Results go to docs/downstream.md and, raw,
+docs/results/downstream.json.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common  # noqa: E402
+
+LABELED = common.ROOT / "data" / "labeled"
+DOC = common.DOCS / "downstream.md"
+RAW = common.DOCS / "results" / "downstream.json"
+
+#: name -> (task, train file, valid file or None, test file or None, FLIP sequences or None, what)
+TASKS = {
+    "signalp": ("classification", "labeled_signalP_binary_proteinbert.train.csv.gz", None,
+                "labeled_signalP_binary_proteinbert.test.csv.gz", None, "signal peptide (yes/no), ProteinBERT"),
+    "scop": ("classification", "labeled_scop_class_proteinbert.train.csv.gz", None,
+             "labeled_scop_class_proteinbert.test.csv.gz", None, "SCOP class (7), ProteinBERT"),
+    "stability": ("regression", "labeled_stability_tape_proteinbert.train.csv.gz",
+                  "labeled_stability_tape_proteinbert.valid.csv.gz",
+                  "labeled_stability_tape_proteinbert.test.csv.gz", None, "stability score, TAPE"),
+    "ss3": ("residue", "labeled_ss3_flip_labels_sampled.fasta.gz", None, None,
+            "labeled_ss3_flip_sequences.fasta.gz", "secondary structure per residue (H/E/C), FLIP"),
+}
+#: proteins used per task: train, valid, test (None: the whole split)
+SIZES = {"signalp": (2000, 300, None), "scop": (2000, 300, None), "stability": (4000, 500, None),
+         "ss3": (800, 150, None)}
+#: the figure each table reports first, per task
+HEADLINE = {"classification": "accuracy", "regression": "spearman", "residue": "q3"}
+POOLINGS = ("mean", "max", "cls")
+WINDOW = 7  # per-residue composition baseline: the residues within 7 on either side
+
+
+# ----------------------------------------------------------------------------- data
+def load_task(name: str, sizes, seed: int):
+    """The task's examples (finetune's reader) with a seeded train / valid / test subsample."""
+    from protein_performer import finetune as FT
+    task, train, valid, test, seqs, _ = TASKS[name]
+    path = lambda f: None if f is None else LABELED / f  # noqa: E731
+    ex = FT.read_examples(path(train), task, path(seqs))
+    split = list(ex.split) if ex.split[0] is not None else ["train"] * len(ex.ids)
+    for f, s in ((valid, "valid"), (test, "test")):
+        if f is not None:
+            more = FT.read_examples(path(f), task)
+            ex = FT.Examples(ex.ids + more.ids, ex.seqs + more.seqs, ex.labels + more.labels, ex.split + more.split)
+            split += [s] * len(more.ids)
+    rng = random.Random(seed)
+    pools = {s: [i for i, t in enumerate(split) if t == s] for s in ("train", "valid", "test")}
+    if not pools["valid"]:  # a seeded part of the training proteins, kept out of the train sample
+        rng.shuffle(pools["train"])
+        pools["valid"], pools["train"] = pools["train"][: sizes[1]], pools["train"][sizes[1]:]
+    chosen = {}
+    for s, n in zip(("train", "valid", "test"), sizes):
+        idx = sorted(pools[s]) if n is None or len(pools[s]) <= n else sorted(rng.sample(pools[s], n))
+        chosen[s] = idx
+    return task, ex, chosen, {s: len(p) for s, p in pools.items()}
+
+
+def write_labels(path: Path, ex, chosen) -> Path:
+    """The subsample as the CSV ``finetune`` reads: id, sequence, label, split."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "sequence", "label", "split"])
+        for s, idx in chosen.items():
+            w.writerows([ex.ids[i], ex.seqs[i], ex.labels[i], s] for i in idx)
+    return path
+
+
+# ----------------------------------------------------------------------------- features
+def protein_features(loaded, seqs: list[str], depth: int) -> dict:
+    """(pooling, layer) -> (N, D): every layer and pooling ``embed`` offers, from one forward per batch."""
+    from protein_performer.embed import Embedder
+    emb = Embedder(loaded.net, list(range(depth + 1)), list(POOLINGS), kernel=loaded.kernel)
+    tokens = [loaded.tokenizer.encode(s) for s in seqs]
+    rows = [None] * len(seqs)
+    for batch in emb.batches([len(t) for t in tokens], 16384):
+        for k, r in zip(batch, emb.forward([tokens[k] for k in batch], loaded.tokenizer.pad_id)):
+            rows[k] = r["pooled"]
+    import numpy as np
+    return {(p, layer): np.stack([r[p][layer] for r in rows]) for p in POOLINGS for layer in range(depth + 1)}
+
+
+def residue_features(loaded, seqs: list[str], depth: int, keep: list | None = None) -> dict:
+    """layer -> (residues, D) hidden states of each residue (``keep[i]``: which residues of protein i)."""
+    import numpy as np
+    import torch
+
+    from protein_performer.data.collate import pad_batch
+    from protein_performer.data.sampler import token_budget_batches
+    tokens = [loaded.tokenizer.encode(s) for s in seqs]
+    parts = {layer: [None] * len(seqs) for layer in range(depth + 1)}
+    with torch.inference_mode():
+        for batch in token_budget_batches([len(t) for t in tokens], 16384):
+            x, pad = pad_batch([tokens[k] for k in batch], loaded.tokenizer.pad_id)
+            _, hidden = loaded.net(x, pad, return_layers=True)
+            for layer in range(depth + 1):
+                h = hidden[layer].float().numpy()
+                for row, k in enumerate(batch):
+                    r = h[row, 1:1 + len(seqs[k])]
+                    parts[layer][k] = r if keep is None else r[keep[k]]
+    return {layer: np.concatenate(p) for layer, p in parts.items()}
+
+
+def residue_composition(seqs: list[str], keep: list | None = None):
+    """(residues, 40): the residue's one-hot and the amino-acid frequencies within WINDOW of it."""
+    import numpy as np
+
+    from protein_performer.tokenizer import STANDARD_AA
+    index = {a: i for i, a in enumerate(STANDARD_AA)}
+    out = []
+    for k, s in enumerate(seqs):
+        onehot = np.zeros((len(s), 20), dtype=np.float32)
+        for i, a in enumerate(s):
+            if a in index:
+                onehot[i, index[a]] = 1
+        c = np.concatenate([np.zeros((1, 20), np.float32), onehot.cumsum(0)])
+        lo, hi = np.clip(np.arange(len(s)) - WINDOW, 0, len(s)), np.clip(np.arange(len(s)) + WINDOW + 1, 0, len(s))
+        window = (c[hi] - c[lo]) / (hi - lo)[:, None]
+        f = np.concatenate([onehot, window], 1)
+        out.append(f if keep is None else f[keep[k]])
+    return np.concatenate(out)
+
+
+def probe(task: str, classes, X_train, y_train, X_test, y_test, seed: int, folds: int = 3) -> dict:
+    """``probe``'s pipeline fitted on train (``folds`` inner folds choose C), scored with
+    ``finetune``'s metrics on test."""
+    import numpy as np
+
+    from protein_performer import finetune as FT
+    from protein_performer.probe import make_probe
+    kind = "regression" if task == "regression" else "classification"
+    pipe = make_probe(kind, folds, seed).fit(X_train, y_train)
+    pred = pipe.predict(X_test)
+    if task == "regression":
+        return FT.metrics(task, classes, list(y_test), [float(v) for v in pred])
+    if task == "residue":  # metrics over residues: one "protein" holding them all
+        return FT.metrics(task, classes, ["".join(y_test)], ["".join(pred)])
+    scores = pipe.predict_proba(X_test)[:, list(pipe.classes_).index(classes[1])] if len(classes) == 2 else None
+    return FT.metrics(task, classes, list(y_test), list(pred), None if scores is None else list(np.asarray(scores)))
+
+
+# ----------------------------------------------------------------------------- parts
+def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
+    import numpy as np
+    import torch
+
+    from protein_performer import finetune as FT
+    from protein_performer.probe import composition
+    sizes = tuple(n if cap is None or (n is not None and n <= cap) else cap
+                  for n, cap in zip(SIZES[name], (args.max_train, None, args.max_test)))
+    task, ex, chosen, available = load_task(name, sizes, args.seed)
+    depth = loaded.net.depth
+    res = {"task": task, "what": TASKS[name][5], "available": available,
+           "used": {s: len(i) for s, i in chosen.items()}, "files": [TASKS[name][k] for k in (1, 2, 3, 4) if TASKS[name][k]]}
+    tr, te = chosen["train"], chosen["test"]
+    seqs = lambda idx: [ex.seqs[i] for i in idx]  # noqa: E731
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    if task == "residue":
+        classes = sorted({c for y in ex.labels for c in y})
+        rng = np.random.default_rng(args.seed)  # the probe's training residues: a seeded sample
+        n_res = [len(ex.seqs[i]) for i in tr]
+        per = max(1, args.probe_residues // len(tr))
+        keep = [np.sort(rng.choice(n, min(n, per), replace=False)) for n in n_res]
+        y_tr = np.array([ex.labels[i][j] for i, k in zip(tr, keep) for j in k])
+        y_te = np.array([c for i in te for c in ex.labels[i]])
+        f_tr, f_te = residue_features(loaded, seqs(tr), depth, keep), residue_features(loaded, seqs(te), depth)
+        res["embed_seconds"] = round(time.perf_counter() - start, 1)
+        grid = {f"per_residue/{layer}": probe(task, classes, f_tr[layer], y_tr, f_te[layer], y_te, args.seed)
+                for layer in range(depth + 1)}
+        res["composition"] = probe(task, classes, residue_composition(seqs(tr), keep), y_tr,
+                                   residue_composition(seqs(te)), y_te, args.seed)
+        res["probe_default"] = grid[f"per_residue/{depth}"]
+        res["probe_residues"] = int(len(y_tr))
+    else:
+        classes = sorted(set(ex.labels)) if task == "classification" else []
+        y_tr, y_te = np.array([ex.labels[i] for i in tr]), np.array([ex.labels[i] for i in te])
+        f_tr, f_te = protein_features(loaded, seqs(tr), depth), protein_features(loaded, seqs(te), depth)
+        res["embed_seconds"] = round(time.perf_counter() - start, 1)
+        grid = {f"{p}/{layer}": probe(task, classes, f_tr[p, layer], y_tr, f_te[p, layer], y_te, args.seed)
+                for (p, layer) in f_tr}
+        res["composition"] = probe(task, classes, composition(seqs(tr)), y_tr, composition(seqs(te)), y_te, args.seed)
+        res["probe_default"] = grid[f"mean/{depth}"]
+    res["probe_grid"] = grid
+    res["probe_seconds"] = round(time.perf_counter() - start - res["embed_seconds"], 1)
+    print(f"{name}: probes done in {res['probe_seconds']} s", flush=True)
+
+    labels = write_labels(work / f"{name}.csv", ex, chosen)
+    runs = {"finetune": {}}
+    if args.lora:
+        runs["finetune_lora"] = {"lora": True, "lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank,
+                                 "lr": args.lora_lr}
+    for key, extra in runs.items():
+        if args.skip_finetune:
+            break
+        settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": 0.1, "max_tokens": args.max_tokens,
+                    "patience": 2, "seed": args.seed, **extra}
+        r = FT.finetune(ckpt, labels, task, work / f"{name}-{key}", overwrite=True,
+                        trainer={"max_epochs": args.epochs, "enable_progress_bar": False, "gradient_clip_val": 1.0,
+                                 "log_every_n_steps": 10}, **settings)
+        res[key] = {**r, "settings": settings, "epochs_max": args.epochs}
+        print(f"{name} {key}: {FT.format_metrics(r)}", flush=True)
+    return res
+
+
+def scorer_speed(loaded, lengths, positions: int, repeats: int, seed: int, work: Path) -> list[dict]:
+    """Mutants/s of ``score``'s masked-marginal and wild-type-marginal strategies: ``positions``
+    positions x 19 substitutions on a real protein of the bundled sample cropped to each length."""
+    from protein_performer import score as S
+    from protein_performer.formats.fasta import read_fasta
+    from protein_performer.tokenizer import STANDARD_AA
+    proteins = sorted((r.sequence for r in read_fasta(common.SAMPLE) if set(r.sequence) <= set(STANDARD_AA)
+                       if len(r.sequence) >= min(lengths)), key=len)
+    scorer = S.Scorer(loaded)
+    rng = random.Random(seed)
+    rows = []
+    for L in lengths:
+        wt = next((p for p in proteins if len(p) >= L), proteins[-1])[:L]
+        mutants = [f"{wt[p]}{p + 1}{a}" for p in sorted(rng.sample(range(L), min(positions, L)))
+                   for a in STANDARD_AA if a != wt[p]]
+        path = work / f"assay_{L}.csv"
+        path.write_text("mutant\n" + "\n".join(mutants) + "\n")
+        assay = S.read_assay(path, wt)
+        row = {"length": L, "mutants": len(mutants), "positions": positions}
+        for strategy in ("masked_marginal", "wt_marginal"):
+            t = common.measure(lambda: S.score_assay(scorer, assay, [strategy]), repeats, warmup=1)
+            row[strategy] = {"seconds": t.median, "mutants_per_s": len(mutants) / t.median}
+        rows.append(row)
+        print(f"scorer L={L}: {row}", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the doc
+def fmt(v, digits=3):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def headline(task: str, m: dict | None) -> str:
+    if m is None:
+        return "–"
+    key = HEADLINE[task]
+    extra = {"classification": "mcc" if m.get("auroc") is not None else "macro_f1"}.get(task)
+    return fmt(m.get(key)) + (f" / {fmt(m.get(extra))}" if extra else "")
+
+
+def render(results: dict, command: str) -> str:
+    meta, tasks, speed = results["meta"], results["tasks"], results.get("scorer")
+    lines = ["# Downstream tasks: fine-tuning, linear probes, composition; the scorer's speed", "",
+             f"Generated by `{command}` at commit {meta['commit']} on {meta['date']} "
+             f"({meta['cpu']}, {meta['threads']} threads; load {meta['load']}); whole run {meta['seconds'] / 60:.1f} min.",
+             "", f"Model: `{meta['ckpt']}`, the README default (`python scripts/train.py`: FAVOR+, dim 128, "
+             f"depth 4, {meta['params'] / 1e6:.2f} M parameters, {meta['step']} steps on the bundled Swiss-Prot "
+             f"sample). Every figure is on the set's own test split; training sets are **subsampled** (seeded, "
+             f"seed {meta['seed']}) and fine-tuning runs at most {meta['epochs']} epochs, to keep the run short on "
+             "2 CPU cores: the figures are what this budget buys, not the model's ceiling.", "",
+             "| task | metric | fine-tuned | " + ("LoRA | " if meta["lora"] else "") +
+             "linear probe (embed defaults) | composition | constant | fine-tune time |",
+             "|---|---|---:|" + ("---:|" if meta["lora"] else "") + "---:|---:|---:|---:|"]
+    for name, r in tasks.items():
+        task = r["task"]
+        metric = {"classification": "accuracy / MCC" if len(r["composition"]) and r["composition"].get("auroc")
+                  is not None else "accuracy / macro-F1", "regression": "Spearman", "residue": "Q3"}[task]
+        ft, lo = r.get("finetune"), r.get("finetune_lora")
+        const = (ft or {}).get("baseline", {})
+        const_v = const.get("accuracy", const.get("residue_accuracy")) if task != "regression" else None
+        time_s = f"{ft['train_seconds']:.0f} s ({ft['epochs']} ep)" if ft else "–"
+        if lo:
+            time_s += f"; LoRA {lo['train_seconds']:.0f} s"
+        lines.append(f"| {name} | {metric} | {headline(task, ft)} | " + (f"{headline(task, lo)} | " if meta["lora"] else "")
+                     + f"{headline(task, r['probe_default'])} | {headline(task, r['composition'])} | "
+                     f"{fmt(const_v) if const_v is not None else ('0 (Spearman of a constant)' if task == 'regression' else '–')} | {time_s} |")
+    lines += ["", "Proteins used (train / valid / test) and what each set is:", "",
+              "| task | what | train | valid | test | of (train / valid / test) | files |", "|---|---|---:|---:|---:|---|---|"]
+    for name, r in tasks.items():
+        u, a = r["used"], r["available"]
+        lines.append(f"| {name} | {r['what']} | {u['train']:,} | {u['valid']:,} | {u['test']:,} | "
+                     f"{a['train']:,} / {a['valid'] or 'drawn from train'} / {a['test']:,} | "
+                     + ", ".join(f"`data/labeled/{f}`" for f in r["files"]) + " |")
+    ft_any = next((r["finetune"] for r in tasks.values() if r.get("finetune")), None)
+    if ft_any:
+        s = ft_any["settings"]
+        lines += ["", f"Fine-tuning: `protein_performer.finetune.finetune` (the `finetune` command) on the subsample "
+                  f"written as a CSV with a split column, mean pooling, freeze=none, lr {s['lr']} (encoder) / "
+                  f"{s['head_lr']} (head), dropout {s['dropout']}, max_tokens {s['max_tokens']}, at most "
+                  f"{meta['epochs']} epochs, early stopping on the validation loss (patience {s['patience']}; the best "
+                  "epoch's weights kept). The same for one task by hand:", "", "```bash",
+                  "protein-performer finetune ckpt=CKPT labels=signalp.csv task=classification output_dir=ft/signalp "
+                  f"lr={s['lr']} head_lr={s['head_lr']} max_tokens={s['max_tokens']} patience=2 "
+                  f"trainer.max_epochs={meta['epochs']}", "```"]
+        if meta["lora"]:
+            lo = next(r["finetune_lora"]["settings"] for r in tasks.values() if r.get("finetune_lora"))
+            lines += ["", f"LoRA: `lora=true lora_rank={lo['lora_rank']} lora_alpha={lo['lora_alpha']} lr={lo['lr']}` "
+                      "(adapters on every attention and feed-forward projection; the encoder's own weights frozen; "
+                      "merged into the weights at the end)."]
+    lines += ["", "Linear probe: `probe`'s pipeline (standardize, then logistic regression with C chosen by 3-fold "
+              "cross-validation, or ridge with alpha by leave-one-out) fitted on the training subsample's embeddings "
+              "and scored on the test split with the `finetune` metrics. Composition: the 20 amino-acid frequencies "
+              f"of each protein; per residue (ss3): the residue's one-hot and the frequencies within {WINDOW} residues "
+              "of it (40 features). ss3's probes are fitted on a seeded sample of "
+              f"{next((r['probe_residues'] for r in tasks.values() if 'probe_residues' in r), 0):,} training residues.", ""]
+
+    # item 4
+    lines += ["## Which layers and pooling to probe (issue 21, item 4)", "",
+              "The same probe on every layer (0 = the token embedding, "
+              f"{meta['depth']} = the last block after the final norm) and pooling `embed` offers; "
+              "**bold**: above composition. `embed`'s defaults are `layers=[-1] pooling=[mean]`.", ""]
+    for name, r in tasks.items():
+        task, comp = r["task"], r["composition"][HEADLINE[r["task"]]]
+        grid = r["probe_grid"]
+        poolings = sorted({k.split("/")[0] for k in grid}, key=lambda p: (["mean", "max", "cls", "per_residue"].index(p)))
+        lines += [f"**{name}** ({HEADLINE[task]}; composition {comp:.3f}):", "",
+                  "| pooling | " + " | ".join(f"layer {i}" for i in range(meta["depth"] + 1)) + " |",
+                  "|---|" + "---:|" * (meta["depth"] + 1)]
+        for p in poolings:
+            cells = []
+            for i in range(meta["depth"] + 1):
+                v = grid[f"{p}/{i}"][HEADLINE[task]]
+                cells.append("constant" if v != v else f"**{v:.3f}**" if v > comp else f"{v:.3f}")  # NaN: one vector for all
+            lines.append(f"| {p} | " + " | ".join(cells) + " |")
+        lines.append("")
+    verdict = []
+    for name, r in tasks.items():
+        key = HEADLINE[r["task"]]
+        d, comp = r["probe_default"][key], r["composition"][key]
+        best_k, best = max(r["probe_grid"].items(), key=lambda kv: kv[1][key] if kv[1][key] == kv[1][key] else -1.0)
+        verdict.append(f"- {name}: defaults {d:.3f} vs composition {comp:.3f} "
+                       f"({'beats it' if d > comp else 'does not beat it'}); best `{best_k}` {best[key]:.3f}")
+    lines += ["Summary:", ""] + verdict + [""]
+
+    if speed:
+        lines += ["## Variant scorer throughput", "",
+                  f"`protein_performer.score.score_assay` (the `score` command's core) on a real protein of the bundled "
+                  f"sample cropped to L residues, {speed[0]['positions']} random positions x 19 substitutions each; "
+                  "median of the timed runs after a warm-up, model in float32 on the CPU. Masked marginal: one forward "
+                  "per mutated position (masked copies batched under 16,384 tokens); wild-type marginal: one forward. "
+                  "The whole protein is the context at every length (ESM's scorer stops at 1,022).", "",
+                  "| L (residues) | mutants | masked marginal: s | mutants/s | wild-type marginal: s | mutants/s |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for row in speed:
+            mm, wt = row["masked_marginal"], row["wt_marginal"]
+            lines.append(f"| {row['length']:,} | {row['mutants']:,} | {mm['seconds']:.2f} | {mm['mutants_per_s']:,.0f} | "
+                         f"{wt['seconds']:.3f} | {wt['mutants_per_s']:,.0f} |")
+        lines.append("")
+    lines += [f"Raw figures: `{RAW.relative_to(common.ROOT)}`."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ckpt", required=True, help="the README default model's checkpoint (python scripts/train.py)")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--head-lr", type=float, default=3e-3)
+    ap.add_argument("--max-tokens", type=int, default=2048, help="fine-tuning batches (padded tokens)")
+    ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")
+    ap.add_argument("--lora-rank", type=int, default=8)
+    ap.add_argument("--lora-lr", type=float, default=2e-3)
+    ap.add_argument("--probe-residues", type=int, default=20000)
+    ap.add_argument("--skip-finetune", action="store_true")
+    ap.add_argument("--max-train", type=int, help="fewer training proteins than SIZES (a quick check)")
+    ap.add_argument("--max-test", type=int, help="at most this many test proteins (a quick check)")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[256, 1024, 2048, 4096, 8192])
+    ap.add_argument("--positions", type=int, default=8, help="mutated positions per protein (x 19 substitutions)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="reuse the tasks a failed run finished (RAW.partial)")
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--raw", type=Path, default=RAW)
+    args = ap.parse_args()
+
+    import torch
+
+    # every module the run needs, imported now: a long run does not see later edits of the tree
+    import protein_performer.data.sampler  # noqa: F401
+    import protein_performer.embed  # noqa: F401
+    import protein_performer.finetune  # noqa: F401
+    import protein_performer.probe  # noqa: F401
+    import protein_performer.score  # noqa: F401
+    from protein_performer.hub.load import checkpoint_step, load_model
+    start = time.perf_counter()
+    loaded = load_model(args.ckpt)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    meta = {"ckpt": args.ckpt, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": common.cpu(), "threads": torch.get_num_threads(), "load": common.load_average(),
+            "params": sum(p.numel() for p in loaded.net.parameters()), "step": checkpoint_step(args.ckpt),
+            "depth": loaded.net.depth, "seed": args.seed, "epochs": args.epochs, "lora": args.lora}
+    results = {"meta": meta, "tasks": {}}
+    partial = args.raw.with_name(args.raw.name + ".partial")  # each finished part, kept should a later one fail
+    if args.resume and partial.is_file():
+        done = json.loads(partial.read_text())
+        results["tasks"] = {k: v for k, v in done["tasks"].items() if k in args.tasks}
+        meta["resumed"] = {"tasks": list(results["tasks"]), "commit": done["meta"]["commit"]}
+        print(f"resumed from {partial}: {', '.join(results['tasks'])}", flush=True)
+    args.raw.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="downstream-") as tmp:
+        work = Path(tmp)
+        for name in args.tasks:
+            if name not in results["tasks"]:
+                results["tasks"][name] = run_task(name, loaded, args.ckpt, work, args)
+                partial.write_text(json.dumps(results, indent=1, default=float) + "\n")
+        if args.lengths:
+            results["scorer"] = scorer_speed(loaded, args.lengths, args.positions, args.repeats, args.seed, work)
+    meta["seconds"] = time.perf_counter() - start
+    args.raw.write_text(json.dumps(results, indent=1, default=float) + "\n")
+    partial.unlink(missing_ok=True)
+    text = render(results, common.command_line(__file__))
+    common.write_doc(args.doc, text, keep_below=True)
+    print(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    main()
