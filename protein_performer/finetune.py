@@ -279,7 +279,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     if lora and str(freeze).lower() != "none":
         raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
                         f"block; leave freeze=none")
-    tok = Tokenizer(unknown=unknown, unknown_key="unknown")
+    tok = Tokenizer(unknown=unknown)
     ex = read_examples(labels, task, sequences, tok)
     if test_labels is not None:
         more = read_examples(test_labels, task, sequences, tok)
@@ -311,7 +311,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         net.checkpoint_blocks()
 
     index = {c: i for i, c in enumerate(classes)}
-    tok = replace(net.tokenizer, unknown=unknown, unknown_key="unknown")
+    tok = replace(net.tokenizer, unknown=unknown)
     tokens = [tok.encode(s) for s in ex.seqs]
     targets = [float(y) if task == "regression" else
                np.array([index[c] for c in y]) if task == "residue" else index[y] for y in ex.labels]

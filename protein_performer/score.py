@@ -212,7 +212,7 @@ def reference_wild_types(reference: str | Path, tokenizer: Tokenizer) -> dict[st
 def read_assays(input: str | Path, sequence=None, sequence_file=None, reference=None, offset: int = 1,
                 on_invalid: str = "error", tokenizer: Tokenizer | None = None) -> list[Assay]:
     """One CSV with its wild type, or every ``*.csv`` of a folder with ``reference``."""
-    tokenizer = tokenizer or Tokenizer(unknown_key="unknown")
+    tokenizer = tokenizer or Tokenizer()
     input = Path(input)
     if not input.is_dir():
         if reference is not None:

@@ -6,7 +6,7 @@ the table below is append-only; ``VERSION`` changes if it ever has to change.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -29,7 +29,20 @@ VOCABULARIES = {"protein-performer": (SPECIAL_TOKENS + tuple(AMINO_ACIDS), AMINO
                 "esm": (ESM_TOKENS, "LAGVSERTIDPKQNFYMHWCXBUZO")}
 
 
-class InvalidSequenceError(UserError):
+class SettingError(UserError):
+    """A problem a setting fixes. The message names the setting as the library's argument
+    (``unknown``); a command whose config holds it under another key (``data.unknown``) renames
+    :attr:`setting` (``commands.settings_under``), so the core never knows a config's layout."""
+
+    def __init__(self, message: str, setting: str):
+        super().__init__(message, setting)
+        self.message, self.setting = message, setting  # message: "{setting}" where the key goes
+
+    def __str__(self) -> str:
+        return self.message.replace("{setting}", self.setting)
+
+
+class InvalidSequenceError(SettingError):
     """A residue the vocabulary does not know, reported with where it was found."""
 
 
@@ -50,15 +63,12 @@ class Tokenizer:
     cls_id: int = None
     eos_id: int = None
     unk_id: int = None
-    # the setting that controls ``unknown`` in the command at hand, named in error hints
-    # (``data.unknown`` for train / prepare_data / evaluate, ``unknown`` for embed)
-    unknown_key: str = field(default="data.unknown", compare=False)
     #: "protein-performer" (this project's table, VERSION) or "esm" (ESM's 33 tokens, ESM's ids)
     vocabulary: str = "protein-performer"
 
     def __post_init__(self):
         if self.unknown not in ("error", "X", "unk"):
-            raise UserError(f"{self.unknown_key} must be 'error', 'X' or 'unk', got {self.unknown!r}")
+            raise SettingError(f"{{setting}} must be 'error', 'X' or 'unk', got {self.unknown!r}", "unknown")
         if self.vocabulary not in VOCABULARIES:
             raise UserError(f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {self.vocabulary!r}")
         for name in ("pad", "mask", "cls", "eos", "unk"):
@@ -115,8 +125,7 @@ class Tokenizer:
                 pos = seq.index(ch) + 1
                 raise InvalidSequenceError(
                     f"{source}: record {record!r}: invalid residue {ch!r} at position {pos} "
-                    f"(set {self.unknown_key}=X to map unknown residues to X)"
-                )
+                    f"(set {{setting}}=X to map unknown residues to X)", "unknown")
         return seq
 
     def encode(self, sequence: str, *, add_cls: bool = True, add_eos: bool = True,

@@ -97,13 +97,22 @@ def test_download_without_network_gives_up_in_one_line_and_leaves_nothing(tmp_pa
     assert files_under(cache) == []
 
 
-def test_unknown_residue_hint_names_the_key_that_works():
-    with pytest.raises(InvalidSequenceError, match=r"set data\.unknown=X"):
+def test_unknown_residue_hint_names_the_key_that_works(tmp_path, capsys):
+    # the library names its argument; a command whose config nests it names the key a user sets
+    with pytest.raises(InvalidSequenceError, match=r"^x\.fasta:2: record 'a': invalid residue '1' at position 3 "
+                                                   r"\(set unknown=X to map unknown residues to X\)$"):
         Tokenizer().encode("MK1", source="x.fasta:2", record="a")
-    with pytest.raises(InvalidSequenceError, match=r"\(set unknown=X"):
-        Tokenizer(unknown_key="unknown").encode("MK1")
-    with pytest.raises(UserError, match="^unknown must be"):
-        Tokenizer(unknown="?", unknown_key="unknown")
+    with pytest.raises(UserError, match="^unknown must be 'error', 'X' or 'unk', got '\\?'$"):
+        Tokenizer(unknown="?")
+    from conftest import run_command
+    bad = _write(tmp_path, "bad.fasta", b">a\nMKV\n>b\nMK1\n")
+    (tmp_path / "x.ckpt").write_bytes(b"")  # proteins are read before any checkpoint is opened
+    code, _, err = run_command("evaluate", capsys, f"ckpt={tmp_path / 'x.ckpt'}", f"data.path={bad}",
+                               f"output_dir={tmp_path / 'out'}")
+    assert code == 2 and f"{bad}:3: record 'b': invalid residue '1' at position 3 (set data.unknown=X" in err
+    code, _, err = run_command("evaluate", capsys, f"ckpt={tmp_path / 'x.ckpt'}", f"data.path={bad}",
+                               "data.unknown=?", f"output_dir={tmp_path / 'out'}")
+    assert code == 2 and "data.unknown must be 'error', 'X' or 'unk', got '?'" in err
 
 
 # --- checkpoints and run folders ----------------------------------------------------------

@@ -70,7 +70,7 @@ def dtype(precision: str | int) -> torch.dtype:
 
 def tokenizer(unknown: str, like: Tokenizer = Tokenizer()) -> Tokenizer:
     """The model's tokenizer (its vocabulary: a model converted from ESM reads ESM's ids) with ``unknown``."""
-    return Tokenizer(unknown=unknown, unknown_key="unknown", vocabulary=like.vocabulary)
+    return Tokenizer(unknown=unknown, vocabulary=like.vocabulary)
 
 
 def trainer_settings(trainer: dict | None, device: str) -> dict:
