@@ -177,7 +177,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
     import torch
 
     from protein_performer import finetune as FT
-    from protein_performer.probe import composition
+    from protein_performer.probe import composition_features
     sizes = tuple(n if cap is None or (n is not None and n <= cap) else cap
                   for n, cap in zip(SIZES[name], (args.max_train, None, args.max_test)))
     task, ex, chosen, available = load_task(name, sizes, args.seed)
@@ -211,7 +211,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
         res["embed_seconds"] = round(time.perf_counter() - start, 1)
         grid = {f"{p}/{layer}": probe(task, classes, f_tr[p, layer], y_tr, f_te[p, layer], y_te, args.seed)
                 for (p, layer) in f_tr}
-        res["composition"] = probe(task, classes, composition(seqs(tr)), y_tr, composition(seqs(te)), y_te, args.seed)
+        res["composition"] = probe(task, classes, composition_features(seqs(tr)), y_tr, composition_features(seqs(te)), y_te, args.seed)
         res["probe_default"] = grid[f"mean/{depth}"]
     res["probe_grid"] = grid
     res["probe_seconds"] = round(time.perf_counter() - start - res["embed_seconds"], 1)

@@ -248,7 +248,7 @@ def generate(model, num_samples: int = 1, max_length: int = 100, min_length: int
 
 
 # --- reports and output -----------------------------------------------------------------------
-def composition(sequences: Sequence[str]) -> dict[str, float]:
+def residue_frequencies(sequences: Sequence[str]) -> dict[str, float]:
     """Frequency of every amino acid (standard and extra) over all residues of ``sequences``."""
     counts = {aa: 0 for aa in AMINO_ACIDS}
     for s in sequences:
@@ -264,7 +264,7 @@ def composition_report(samples: Sequence[Sample], aa_frequencies: Sequence[float
     training frequencies (over the vocabulary, as stored in the checkpoint), with the total
     variation distance and KL(generated || training) in nats."""
     tokenizer = tokenizer or Tokenizer()
-    gen = composition([s.sequence[len(s.prompt):] for s in samples])
+    gen = residue_frequencies([s.sequence[len(s.prompt):] for s in samples])
     report: dict = {"generated": gen, "training": None, "total_variation": None, "kl_generated_training": None}
     if aa_frequencies is not None:
         freqs = list(aa_frequencies)
@@ -403,6 +403,6 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
     return payload
 
 
-__all__ = ["Sample", "GenerationError", "filter_logits", "sample_next", "generate", "composition",
+__all__ = ["Sample", "GenerationError", "filter_logits", "sample_next", "generate", "residue_frequencies",
            "composition_report", "likelihood_summary", "write_fasta", "load_generator", "run",
            "encode_prompt", "check_settings", "format_report", "report_path", "resolve_device"]

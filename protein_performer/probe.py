@@ -164,7 +164,7 @@ def read_labels(path: str | Path) -> Labels:
                   str(path), skipped)
 
 
-def composition(seqs: Sequence[str]) -> np.ndarray:
+def composition_features(seqs: Sequence[str]) -> np.ndarray:
     """(N, 20) frequencies of the standard amino acids (other residues count in the
     denominator only)."""
     lut = np.full(256, -1, dtype=np.int64)
@@ -230,7 +230,7 @@ def _chosen(pipe) -> dict:
     return {}
 
 
-def evaluate(task: str, X_train, y_train, X_test=None, y_test=None, folds: int = 5, seed: int = 0) -> dict:
+def fit_and_score(task: str, X_train, y_train, X_test=None, y_test=None, folds: int = 5, seed: int = 0) -> dict:
     """Fit and score on the test rows, or by outer K-fold CV when there are none."""
     from sklearn.model_selection import KFold, StratifiedKFold, cross_val_predict
     if X_test is not None:
@@ -313,7 +313,7 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
         log.info("probe %d/%d (%s): %d x %d, %s", len(fitted) + 1, n_fits, name, X_tr.shape[0], X_tr.shape[1],
                  protocol)
         t = time.perf_counter()
-        fitted.append(evaluate(task, X_tr, y_tr, X_te, yte, folds, seed))
+        fitted.append(fit_and_score(task, X_tr, y_tr, X_te, yte, folds, seed))
         log.info("probe %d/%d (%s): done in %.1f s", len(fitted), n_fits, name, time.perf_counter() - t)
         return fitted[-1]
 
@@ -323,8 +323,8 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
         if str_ is None:
             result["composition"] = {"skipped": "labels have no seq column"}
         else:
-            result["composition"] = fit("composition", composition(str_), ytr,
-                                        composition(ste) if ste is not None else None)
+            result["composition"] = fit("composition", composition_features(str_), ytr,
+                                        composition_features(ste) if ste is not None else None)
     y_ref = yte if yte is not None else ytr
     result["chance"] = chance(task, ytr, y_ref)
     if shuffle_control:

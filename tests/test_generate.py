@@ -18,8 +18,9 @@ import torch
 from Bio import SeqIO
 
 from protein_performer.errors import UserError
-from protein_performer.generate import (GenerationError, composition, composition_report, filter_logits,
-                                        generate, likelihood_summary, load_generator, run, sample_next)
+from protein_performer.generate import (GenerationError, composition_report, filter_logits,
+                                        generate, likelihood_summary, load_generator, residue_frequencies, run,
+                                        sample_next)
 from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import AMINO_ACIDS, Tokenizer
 
@@ -228,7 +229,7 @@ def test_seed_reproducibility():
 
 # --- reports and output -------------------------------------------------------------------------------
 def test_composition_against_hand_counts():
-    comp = composition(["AAC", "CA", "W"])
+    comp = residue_frequencies(["AAC", "CA", "W"])
     assert comp["A"] == pytest.approx(3 / 6) and comp["C"] == pytest.approx(2 / 6)
     assert comp["W"] == pytest.approx(1 / 6) and comp["G"] == 0.0
 
@@ -271,7 +272,7 @@ def test_run_writes_fasta_with_settings_and_json_report(clm_ckpt, tmp_path, caps
     assert rep["settings"]["top_p"] == 0.95 and rep["summary"]["num_samples"] == 5
     assert rep["composition"]["training"]["A"] == pytest.approx(0.05)
     assert rep["composition"]["generated"] == pytest.approx(
-        composition([str(r.seq)[3:] for r in records]))
+        residue_frequencies([str(r.seq)[3:] for r in records]))
     printed = capsys.readouterr().out
     assert "mean per-token log-likelihood" in printed and "total variation distance" in printed
     # the same settings and seed give the same file

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from protein_performer.formats.tabular import sequence_id
-from protein_performer.probe import composition, detect_task, load_embeddings, read_labels, run_probe
+from protein_performer.probe import composition_features, detect_task, load_embeddings, read_labels, run_probe
 
 from conftest import ROOT
 
@@ -97,7 +97,7 @@ def test_test_file_layers_and_missing_rows(tmp_path):
 
 
 def test_composition_by_hand():
-    c = composition(["AAC", "wy", "AXB"])
+    c = composition_features(["AAC", "wy", "AXB"])
     assert c.shape == (3, 20)
     assert c[0, 0] == pytest.approx(2 / 3) and c[0, 1] == pytest.approx(1 / 3) and c[0, 2:].sum() == 0
     assert c[1, -2] == pytest.approx(0.5) and c[1, -1] == pytest.approx(0.5)  # W, Y (lowercase ok)
@@ -125,7 +125,7 @@ def test_read_labels_errors_and_skips(tmp_path):
     p.write_bytes("\ufeffid,seq,label\nA,MKT,1\nB,MK→,0\n".encode())
     t = read_labels(p)
     assert t.ids == ["A", "B"] and t.labels == ["1", "0"]
-    assert composition(t.seqs)[1].sum() == pytest.approx(2 / 3)  # '→' counts in the length only
+    assert composition_features(t.seqs)[1].sum() == pytest.approx(2 / 3)  # '→' counts in the length only
 
 
 def test_cli_writes_json(tmp_path):
