@@ -305,3 +305,23 @@ def test_config_and_training_refuse_fla_on_cpu(tmp_path, capsys, small_fasta):
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "error: model.attention.backend=fla needs a CUDA device (the model runs on cpu)")
+
+
+def test_a_checkpoint_trained_with_backend_fla_loads_and_runs_on_a_cpu(tmp_path):
+    """backend=fla is how a GPU run ran: evaluating its checkpoint on a CPU takes the torch path
+    (the same outputs as the model built with backend=torch), not the 'needs CUDA' error."""
+    from conftest import save_checkpoint
+    from protein_performer.training.task import ProteinLM, load_checkpoint
+    settings = dict(dim=32, depth=1, heads=2, attention={"kernel": "elu", "backend": "fla"})
+    torch.manual_seed(0)
+    task = ProteinLM(model=settings, objective="clm")
+    ckpt = save_checkpoint(task, tmp_path / "fla.ckpt")
+    loaded = load_checkpoint(ckpt)
+    reference = ProteinLM(model={**settings, "attention": {"kernel": "elu", "backend": "torch"}}, objective="clm")
+    reference.load_state_dict(task.state_dict())
+    ids = torch.randint(5, 25, (2, 40))
+    with torch.no_grad():
+        expected = reference.eval().model(ids)
+        got = loaded.model(ids)
+    assert expected.abs().max() > 0
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

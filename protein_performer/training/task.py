@@ -153,5 +153,8 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
         module = ProteinLM.load_from_checkpoint(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
         raise UserError(f"checkpoint {path}: cannot load ({first_line(e)})") from e
+    for m in module.modules():  # the backend a run used (fla, on its GPU) is how it ran, not what the
+        if hasattr(m, "backend") and hasattr(m, "_resolved"):  # model is: here, the device decides again
+            m.backend, m._resolved = "auto", None
     return module.eval()
 
