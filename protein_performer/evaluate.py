@@ -37,13 +37,13 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .objectives import IGNORE, Scores, score_rows, scored_example
+from .objectives import IGNORE, MASK_PROB, Scores, score_rows, scored_example
 from .data.sampler import token_budget_batches
 from .device import resolve_device
 from .hub.load import load_model
 from .data.collate import pad_batch
 from .sequences import read_sequences, skipped_text
-from .hub.load import checkpoint_step  # noqa: F401 - the step in metrics.json, read without unpickling
+from .hub.load import checkpoint_step
 from .tokenizer import Tokenizer
 from .errors import UserError
 from .files import atomic_path, refuse_overlap, write_json, write_text
@@ -156,7 +156,7 @@ def check_mask_prob(mask_prob) -> None:
 
 
 @torch.no_grad()
-def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: float = 0.15,
+def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: float = MASK_PROB,
                    max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
                    stride: int | None = 2048, device: str = "cpu", progress: bool = True,
                    desc: str = "evaluate") -> dict:
@@ -334,7 +334,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
     paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(c) for c in ckpt]
     if not paths:
         raise UserError("ckpt: no checkpoint given")
-    check_mask_prob(kwargs.get("mask_prob", 0.15))
+    check_mask_prob(kwargs.get("mask_prob", MASK_PROB))
     for p in paths:  # fail before the (slow) work on a missing file
         if not Path(p).exists():
             raise FileNotFoundError(f"checkpoint {p}: no such file")

@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .errors import UserError
 from .tokenizer import Tokenizer
 
 IGNORE = -100
+#: the masked-LM selection rate (BERT's): the one default of every ``mask_prob``
+MASK_PROB = 0.15
 SUMS = ("nll", "correct", "count", "base_nll", "base_correct")
 
 
@@ -35,7 +36,7 @@ def check_objective(objective: str) -> str:
 
 
 def mask_tokens(tokens: torch.Tensor, tokenizer: Tokenizer, generator: torch.Generator | None = None,
-                mask_prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+                mask_prob: float = MASK_PROB) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT-style corruption. Each residue is selected with ``mask_prob``; a selected residue
     becomes <mask> 80 % of the time, a random standard amino acid 10 %, itself 10 %.
     Returns (inputs, labels) where labels are IGNORE except at selected positions."""
@@ -67,7 +68,7 @@ def protein_generator(seed: int, tokens) -> torch.Generator:
 
 
 def scored_example(tokens, objective: str, tokenizer: Tokenizer, seed: int = 0,
-                   mask_prob: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+                   mask_prob: float = MASK_PROB) -> tuple[torch.Tensor, torch.Tensor]:
     """One protein's (or crop's) model inputs and labels for scoring (IGNORE where not
     scored), reproducible from (seed, the tokens) alone."""
     t = torch.as_tensor(np.asarray(tokens, dtype=np.int64))

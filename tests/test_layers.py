@@ -55,3 +55,10 @@ def test_no_module_imports_a_higher_layer():
                 bad.append(f"{module} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
     assert checked > 30
     assert not bad, "\n".join(bad)
+
+
+def test_every_name_in_layers_is_a_module_or_package():
+    pkg = ROOT / "protein_performer"
+    missing = [n for _, names in LAYERS for n in sorted(names)
+               if not (pkg / f"{n}.py").is_file() and not (pkg / n / "__init__.py").is_file()]
+    assert not missing, f"LAYERS names modules that do not exist: {missing}"

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from ..objectives import IGNORE, check_objective, clm_labels, mask_tokens, scored_example
+from ..objectives import IGNORE, MASK_PROB, check_objective, clm_labels, mask_tokens, scored_example
 from ..tokenizer import Tokenizer
 
 
@@ -21,7 +21,7 @@ class Collator:
     protein's tokens), residue targets only, so the numbers do not depend on the batch.
     """
 
-    def __init__(self, tokenizer: Tokenizer, objective: str = "mlm", mask_prob: float = 0.15,
+    def __init__(self, tokenizer: Tokenizer, objective: str = "mlm", mask_prob: float = MASK_PROB,
                  fixed_seed: int | None = None):
         self.tokenizer, self.objective = tokenizer, check_objective(objective)
         self.mask_prob, self.fixed_seed = mask_prob, fixed_seed

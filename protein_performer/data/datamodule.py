@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..formats import check_source
+from ..objectives import MASK_PROB
 from ..sequences import read_sequences, skipped_text
 from ..tokenizer import Tokenizer
 from .collate import Collator
@@ -50,7 +51,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
 
     def __init__(self, path: str, format: str | None = None, objective: str = "mlm", max_len: int = 512,
                  batch_size: int = 16, valid_fraction: float = 0.05, test_fraction: float = 0.0, num_workers: int = 0, seed: int = 0,
-                 mask_prob: float = 0.15, unknown: str = "error", on_invalid: str = "error",
+                 mask_prob: float = MASK_PROB, unknown: str = "error", on_invalid: str = "error",
                  max_records: int | None = None, max_tokens: int | None = None,
                  crop_schedule: list | None = None):
         super().__init__()
