@@ -38,7 +38,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from .objectives import IGNORE, MASK_PROB, Scores, score_rows, scored_example
-from .data.sampler import token_budget_batches
+from .data.sampler import MAX_TOKENS, token_budget_batches
 from .device import resolve_device
 from .hub.load import load_model
 from .data.collate import pad_batch
@@ -157,7 +157,7 @@ def check_mask_prob(mask_prob) -> None:
 
 @torch.no_grad()
 def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: float = MASK_PROB,
-                   max_tokens: int = 16384, batch_size: int = 64, window: int | None = 4096,
+                   max_tokens: int = MAX_TOKENS, batch_size: int = 64, window: int | None = 4096,
                    stride: int | None = 2048, device: str = "cpu", progress: bool = True,
                    desc: str = "evaluate") -> dict:
     """Score ``sequences`` (Protein objects, strings or token arrays) with ``model`` (a

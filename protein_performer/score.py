@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .data.sampler import token_budget_batches
+from .data.sampler import MAX_TOKENS, token_budget_batches
 from .errors import UserError
 from .files import refuse_overlap, write_json, write_text
 from .hub.load import load_model
@@ -239,7 +239,7 @@ class Scorer:
     """Log-probabilities from a loaded model: masked copies under a token budget, one
     unmasked forward, and the causal ratio in RNN mode."""
 
-    def __init__(self, loaded, max_tokens: int = 16384, rnn_batch: int = 256, precision: str = "32"):
+    def __init__(self, loaded, max_tokens: int = MAX_TOKENS, rnn_batch: int = 256, precision: str = "32"):
         from .embed.settings import dtype as _dtype
         self.net, self.tokenizer, self.kernel = loaded.net, loaded.tokenizer, loaded.kernel
         self.max_tokens, self.rnn_batch = int(max_tokens), int(rnn_batch)
@@ -466,7 +466,7 @@ def output_paths(input: Path, output: Path, assays: list[Assay]) -> tuple[list[P
 
 def score_files(ckpt: Any, input: str, output: str, sequence: str | None = None,
                 sequence_file: str | None = None, reference: str | None = None, offset: int = 1,
-                strategies=None, on_invalid: str = "error", overwrite: bool = False, max_tokens: int = 16384,
+                strategies=None, on_invalid: str = "error", overwrite: bool = False, max_tokens: int = MAX_TOKENS,
                 rnn_batch: int = 256, device: str = "auto", precision: str = "32") -> dict:
     """Score every assay, write the scored CSVs and the metrics JSON; returns the summary."""
     input_p, output_p = Path(input), Path(output)

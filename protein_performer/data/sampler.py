@@ -29,6 +29,10 @@ from torch.utils.data import DistributedSampler
 
 from ..errors import UserError
 
+#: padded tokens per batch (items x longest): the one default budget of every token-batched loop
+#: (training on shards, evaluate, embed, score)
+MAX_TOKENS = 16384
+
 
 class TokenBudgetBatchSampler(DistributedSampler):
     """Yields lists of item indices. It subclasses ``DistributedSampler`` only so that

@@ -26,7 +26,7 @@ from .collate import Collator
 from .concat import ConcatWindows
 from .datasets import CropDataset
 from .prepare import check_splits, default_data_dir, prepare, source_file
-from .sampler import TokenBudgetBatchSampler
+from .sampler import MAX_TOKENS, TokenBudgetBatchSampler
 from .shards import PreparedData, SplitShards
 from ..errors import UserError
 
@@ -81,7 +81,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
     def __init__(self, path: str | None = None, url: str | None = None, download: bool = False,
                  metalink: str | None = None, md5: str | None = None, data_dir: str | None = None,
                  format: str | None = None, mode: str = "crop", max_len: int = 1024, concat_len: int = 8192,
-                 max_tokens: int = 16384, objective: str = "mlm", mask_prob: float = MASK_PROB,
+                 max_tokens: int = MAX_TOKENS, objective: str = "mlm", mask_prob: float = MASK_PROB,
                  valid_fraction: float = 0.01, test_fraction: float = 0.01, unknown: str = "error",
                  on_invalid: str = "skip", dedup: bool = True, prepare_workers: int | None = None,
                  num_workers: int = 0, seed: int = 0, pool_size: int | None = None, progress: bool = True,

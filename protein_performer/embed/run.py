@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..data.sampler import MAX_TOKENS
 from ..errors import UserError
 from ..files import exclusive_lock, file_sha256
 from ..hub.load import LoadedModel, load_model, weights_sha256
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # --- the notebook API ----------------------------------------------------------------
 def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] = -1,
-                    pooling: str | Sequence[str] = "mean", per_residue: bool = False, max_tokens: int = 16384,
+                    pooling: str | Sequence[str] = "mean", per_residue: bool = False, max_tokens: int = MAX_TOKENS,
                     device: str = "cpu", precision: str = "32", unknown: str = "error", on_invalid: str = "error",
                     long_alone: int | None = None) -> dict:
     """Embed sequences and return numpy arrays, laid out like the HDF5 file:
@@ -70,7 +71,7 @@ def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] =
 # --- the command ------------------------------------------------------------------------
 def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, pt_dir: str | Path | None = None, *,
                format: str | None = None, layers: int | Sequence[int] = -1, pooling: str | Sequence[str] = "mean",
-               per_residue: bool = False, max_tokens: int = 16384, device: str = "cpu", precision: str = "32",
+               per_residue: bool = False, max_tokens: int = MAX_TOKENS, device: str = "cpu", precision: str = "32",
                unknown: str = "error", on_invalid: str = "skip", long_alone: int | None = None,
                sort_records: int = 20000, overwrite: bool = False, progress: bool = True,
                trainer: dict | None = None) -> dict | None:
