@@ -143,3 +143,29 @@ def test_check_source_names_directory_empty_and_binary_files(tmp_path):
             list(read_sequences(tmp_path / name))
         with pytest.raises(UserError, match=f"data.path={tmp_path / name}: {what}"):
             ProteinDataModule(str(tmp_path / name)).setup()
+
+
+def test_registry_tells_formats_apart_and_prepare_refuses_tables(tmp_path):
+    from protein_performer.data.prepare import prepare
+    from protein_performer.errors import UserError
+    from protein_performer.formats import FORMATS, SHARD_FORMATS
+    assert list(FORMATS) == ["fasta", "uniprot", "csv", "tsv"] and SHARD_FORMATS == ("fasta", "uniprot")
+    tsv = tmp_path / "a.tsv.gz"
+    tsv.write_bytes(gzip.compress(b"id\tseq\nq1\tMKT\nq2\t \nq3\tACD\n"))
+    assert detect_format(tsv) == "tsv"
+    with pytest.raises(ParseError, match=r"a\.tsv\.gz:3: record 'q2' has no sequence"):
+        list(read_records(tsv))
+    stats = {}
+    assert [(r.id, r.sequence, r.line) for r in read_records(tsv, skip_empty=True, stats=stats)] == \
+        [("q1", "MKT", 2), ("q3", "ACD", 4)]
+    assert stats == {"empty": 1}
+    plain = tmp_path / "table.txt"  # the name says UniProt; the setting says TSV
+    plain.write_text("seq\tid\nMKV\tz\n")
+    assert [(r.id, r.sequence) for r in read_records(plain, "tsv")] == [("z", "MKV")]
+    csv = tmp_path / "a.csv"
+    csv.write_text("id,seq\nq1,MKT\n")
+    with pytest.raises(UserError, match=r"a\.csv: a CSV table; preparation reads FASTA or UniProt flat files"):
+        prepare(csv, data_dir=tmp_path / "cache", progress=False)
+    with pytest.raises(UserError, match=r"^unknown format 'csv' \(expected 'fasta' or 'uniprot'\)$"):
+        prepare(FIX / "pyswrd_uniprot_sprot15.fasta", format="csv", data_dir=tmp_path / "cache", progress=False)
+    assert not (tmp_path / "cache").exists()  # refused before anything is written
