@@ -34,7 +34,7 @@ import numpy as np
 import xxhash
 
 from ..errors import UserError
-from ..files import file_sha256
+from ..files import exclusive_lock, file_sha256
 from ..formats import SHARD_FORMATS, ParseError, TokenizedBlock, accession, check_source, detect_format, format_name
 from ..formats import iter_ranges, iter_text_blocks, tokenize_block
 from ..formats.text import is_gzip, read_range
@@ -202,7 +202,7 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with file_lock(lock):  # DDP ranks / parallel jobs: one prepares
+        with exclusive_lock(lock, wait=True):  # DDP ranks / parallel jobs: one prepares
             if (out / MANIFEST).is_file():
                 return out
             return _prepare(source, out, sha, params, on_invalid=on_invalid, workers=workers, max_parts=max_parts,
@@ -235,7 +235,7 @@ def source_file(path: str | None, url: str | None, data_dir: str | Path, *, down
     lock = dest.with_name(dest.name + ".lock")
     extra = {k: v for k, v in (("retries", retries), ("backoff", backoff)) if v is not None}
     try:
-        with file_lock(lock):
+        with exclusive_lock(lock, wait=True):
             return fetch(url, dest, md5=md5, metalink=metalink, progress=progress, **extra)
     except BaseException:
         if not dest.with_name(dest.name + ".part").exists():  # nothing to resume: leave nothing behind
@@ -287,19 +287,6 @@ def _discard(out: Path) -> None:
         out.rmdir()
         out.with_name(out.name + ".lock").unlink(missing_ok=True)
         out.parent.rmdir()  # the cache's prepared/ folder, when this was its only entry
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive lock held while the block runs (fcntl; released if the process dies)."""
-    import fcntl
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _prepare(source: Path, out: Path, sha: str, params: dict, *, on_invalid: str, workers: int | None,
