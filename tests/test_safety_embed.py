@@ -28,7 +28,7 @@ from protein_performer.files import file_sha256
 from protein_performer.hub.load import load_model, weights_sha256
 from protein_performer.hub.export import export
 
-from conftest import ROOT, save_checkpoint
+from conftest import save_checkpoint
 from test_embed import h5_contents, run_script, tiny
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
@@ -269,7 +269,7 @@ def test_non_finite_embeddings_are_refused_naming_the_protein(tmp_path, capsys):
     before = checksums(tmp_path)
     code, err = run_script("embed", capsys, f"ckpt={bad}", f"input={inp}", f"output={out}", f"pt_dir={pt}",
                            "max_tokens=200", "progress=false")
-    one_line(code, err, rf"in\.fasta:15: record 'has_w': the model's embedding holds NaN or inf values")
+    one_line(code, err, r"in\.fasta:15: record 'has_w': the model's embedding holds NaN or inf values")
     assert not out.exists() and not (pt / "has_w.pt").exists() and not (pt / ".protein-performer-tmp").exists()
     for p in (tmp_path / "e.h5.partial").glob("*.npz"):  # what is left is a resumable journal of finite rows
         with np.load(p, allow_pickle=False) as z:
