@@ -1,4 +1,5 @@
 """Shared test helpers."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,14 +66,29 @@ def run_command(name: str, capsys, *overrides: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-@pytest.fixture(scope="module")
-def small_fasta(tmp_path_factory):
-    """The first 200 proteins of the bundled sample as a plain FASTA file."""
+def sample_fasta(path: Path, n: int) -> Path:
+    """The first ``n`` proteins of the bundled sample as a FASTA file (gzipped when ``path`` ends in .gz)."""
+    import gzip
     from protein_performer.formats.fasta import read_fasta
-    path = tmp_path_factory.mktemp("data") / "small.fasta"
-    with open(path, "w") as f:
+    with (gzip.open(path, "wt") if path.suffix == ".gz" else open(path, "w")) as f:
         for i, r in enumerate(read_fasta(SAMPLE)):
-            if i == 200:
+            if i == n:
                 break
             f.write(f">{r.id}\n{r.sequence}\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def small_fasta(tmp_path_factory):
+    """The first 200 proteins of the bundled sample as a plain FASTA file."""
+    return sample_fasta(tmp_path_factory.mktemp("data") / "small.fasta", 200)
+
+
+@pytest.fixture(scope="module")
+def transformers(tmp_path_factory):
+    """transformers, offline, its remote-code cache in a temporary folder (not ~/.cache)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if "transformers" not in sys.modules:  # remote code is copied here, not into ~/.cache
+            mp.setenv("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")

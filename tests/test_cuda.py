@@ -9,7 +9,6 @@ torch path (full float32 matmuls) is held to 1e-4; bf16 to 3e-2."""
 from __future__ import annotations
 
 import csv
-import gzip
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import ROOT, SAMPLE
+from conftest import ROOT, SAMPLE, sample_fasta
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -185,14 +184,7 @@ TRAIN = ["objective=clm", "model.dim=128", "model.depth=2", "model.heads=2", "mo
 
 @pytest.fixture(scope="module")
 def fasta(tmp_path_factory):
-    from protein_performer.formats.fasta import read_fasta
-    path = tmp_path_factory.mktemp("data") / "small.fasta.gz"
-    with gzip.open(path, "wt") as f:
-        for i, r in enumerate(read_fasta(SAMPLE)):
-            if i == 400:
-                break
-            f.write(f">{r.id}\n{r.sequence}\n")
-    return path
+    return sample_fasta(tmp_path_factory.mktemp("data") / "small.fasta.gz", 400)
 
 
 def _train(run_dir, fasta, *extra):

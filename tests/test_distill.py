@@ -1,6 +1,5 @@
 """Recovery after the attention swap: init_from and distillation from a softmax teacher
 (training/distill.py, the task's loss), against hand computations."""
-import gzip
 
 import numpy as np
 import pytest
@@ -10,7 +9,6 @@ from hydra import compose, initialize_config_dir
 
 from protein_performer.data.collate import Collator
 from protein_performer.errors import UserError
-from protein_performer.formats.fasta import read_fasta
 from protein_performer.model import PerformerLM
 from protein_performer.objectives import IGNORE
 from protein_performer.tokenizer import Tokenizer
@@ -19,7 +17,7 @@ from protein_performer.training.distill import (Distiller, attention_mismatch, k
 from protein_performer.training.run import train
 from protein_performer.training.task import ProteinLM, load_checkpoint
 
-from conftest import ROOT, SAMPLE, TINY_MODEL, save_checkpoint
+from conftest import ROOT, TINY_MODEL, save_checkpoint
 
 SEQS = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "MVLSPADKTNVKAAWGKVGAHAGEYGAEALERMFLSFPTTK", "MSIQHFRVALIPFFAAF"]
 
@@ -132,17 +130,6 @@ def test_esm_vocabulary_model_trains_on_the_data_pipelines_ids():
         enc = torch.from_numpy(esm.encode(seq)).long()
         keep = labels[r, : len(enc)] == IGNORE
         assert keep.sum() > len(seq) // 2 and torch.equal(inputs[r, : len(enc)][keep], enc[keep])
-
-
-@pytest.fixture(scope="module")
-def small_fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "small.fasta.gz"
-    with gzip.open(path, "wt") as f:
-        for i, r in enumerate(read_fasta(SAMPLE)):
-            if i == 200:
-                break
-            f.write(f">{r.id}\n{r.sequence}\n")
-    return path
 
 
 def run(tmp, small_fasta, *overrides):

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from protein_performer.evaluate import (BUCKETS, evaluate, evaluate_model, length_bucket,
                                         load_proteins, window_spans)
 from protein_performer.objectives import IGNORE, scored_example
-from protein_performer.training.task import ProteinLM, load_checkpoint
+from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import STANDARD_AA, Tokenizer
 
 from conftest import ROOT, TINY_MODEL, save_checkpoint as save

@@ -6,7 +6,6 @@ usual one; the wrong auto class and a finetune folder with a changed file are re
 import csv
 import json
 import random
-import sys
 
 import pytest
 import torch
@@ -20,15 +19,6 @@ from protein_performer.training.task import ProteinLM
 from conftest import TINY_MODEL, run_command, save_checkpoint
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
-
-
-@pytest.fixture(scope="module")
-def transformers(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if "transformers" not in sys.modules:  # remote code is copied here, not into ~/.cache
-            mp.setenv("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        yield pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
 
 
 @pytest.fixture(scope="module")

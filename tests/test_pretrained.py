@@ -359,17 +359,6 @@ def test_export_command_line(tmp_path):
         f"error: output {tmp_path / 'out'}: exists and is not empty (overwrite=true replaces it)"]
 
 
-# --- transformers -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def transformers(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if "transformers" not in sys.modules:  # remote code is copied here, not into ~/.cache
-            mp.setenv("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        yield pytest.importorskip("transformers", reason="the transformers round trip needs transformers "
-                                                         "(pip install -e '.[hf]')")
-
-
 @pytest.mark.parametrize("objective", ["mlm", "clm"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_transformers_opens_the_directory_to_the_same_logits(exported, transformers, kernel, objective):

@@ -8,10 +8,8 @@ import pytorch_lightning as pl
 import torch
 from hydra import compose, initialize_config_dir
 
-from protein_performer.data.prepare import prepare
 from protein_performer.data.sampler import TokenBudgetBatchSampler
 from protein_performer.data.shard_datamodule import ShardDataModule
-from protein_performer.data.shards import PreparedData
 from protein_performer.formats.fasta import read_fasta
 from protein_performer.objectives import IGNORE
 from protein_performer.tokenizer import Tokenizer

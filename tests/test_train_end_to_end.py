@@ -1,6 +1,5 @@
 """Tiny real training runs through the same code path as scripts/train.py."""
 import csv
-import gzip
 import os
 import subprocess
 import sys
@@ -11,11 +10,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from protein_performer.data.collate import Collator
-from protein_performer.formats.fasta import read_fasta
 from protein_performer.training.task import load_checkpoint
 from protein_performer.training.run import train
 
-from conftest import ROOT, SAMPLE
+from conftest import ROOT, sample_fasta
 
 TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "model.attention.nb_features=16",
         "model.dropout=0.0", "data.max_len=64", "data.batch_size=16", "data.valid_fraction=0.1",
@@ -24,13 +22,7 @@ TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "model.attention.nb_fe
 
 @pytest.fixture(scope="module")
 def small_fasta(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "small.fasta.gz"
-    with gzip.open(path, "wt") as f:
-        for i, r in enumerate(read_fasta(SAMPLE)):
-            if i == 400:
-                break
-            f.write(f">{r.id}\n{r.sequence}\n")
-    return path
+    return sample_fasta(tmp_path_factory.mktemp("data") / "small.fasta.gz", 400)
 
 
 def _read_losses(run_dir: Path) -> list[float]:
