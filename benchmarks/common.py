@@ -228,6 +228,14 @@ def write_doc(path: str | Path, text: str, *, keep_below: bool = False) -> None:
     path.write_text(text)
 
 
+def publish(lines: list[str], doc: str | Path | None, start: str, end: str) -> None:
+    """Print a benchmark's table and, unless ``doc`` is None, put it between the doc's markers."""
+    table = "\n".join(lines)
+    print(table)
+    if doc is not None and write_between(doc, start, end, table):
+        print(f"\nwritten into {doc}")
+
+
 def write_between(path: str | Path, start: str, end: str, text: str) -> bool:
     """Put ``text`` between the markers ``start`` and ``end`` of an existing doc (what stands below a
     KEEP_BELOW marker inside them is kept); False, writing nothing, when the file or a marker is missing."""

@@ -156,10 +156,7 @@ def main() -> None:
             j = 1 + 2 * sizes.index(s) + 1
             rows[i][j] += " *"
     lines += common.md_table(header, rows)
-    table = "\n".join(lines)
-    print(table)
-    if not a.no_doc and common.write_between(DOC, START, END, table):
-        print(f"\nwritten into {DOC}")
+    common.publish(lines, None if a.no_doc else DOC, START, END)
 
 
 if __name__ == "__main__":

@@ -151,10 +151,7 @@ def main() -> None:
              f"models see them whole. Evaluation of all models: {eval_s:.0f} s.",
              "* Cells: perplexity (change against the teacher). `train s`: wall-clock seconds of the run.", ""]
     lines += common.md_table(["model", "train s", "perplexity", "vs teacher"] + [f"ppl {g}" for g, _ in GROUPS], rows)
-    table = "\n".join(lines)
-    print(table)
-    if not a.no_doc and common.write_between(DOC, START, END, table):
-        print(f"\nwritten into {DOC}")
+    common.publish(lines, None if a.no_doc else DOC, START, END)
 
 
 if __name__ == "__main__":
