@@ -39,6 +39,9 @@ TEACHER = ["model=transformer", "seed=0", "data.max_len=1024", "data.crop_schedu
 #: the recovery runs' shared settings (a fine-tune: short warm-up, lower peak rate, crops as the teacher's)
 RECOVERY = ["seed=1", "data.max_len=1024", "data.crop_schedule=null", "data.max_tokens=2048",
             "optim.warmup_steps=10", "trainer.val_check_interval=1000000"]
+#: the long recipe: the same, but crops growing to 8,192 residues (the README default's longest), so
+#: the student adapts to long proteins too (the teacher, in distillation, then sees whole crops)
+LONG_CROPS = ["data.max_len=8192", "data.crop_schedule=[[0,1024],[50,4096],[100,8192]]", "data.max_tokens=8192"]
 DISTILL = ["distill.weight=1.0", "distill.attention_weight=1.0"]
 GROUPS = (("<=1024", ("<=256", "257-512", "513-1024")), ("1025-4096", ("1025-2048", "2049-4096")),
           (">4096", (">4096",)))
@@ -46,16 +49,19 @@ GROUPS = (("<=1024", ("<=256", "257-512", "513-1024")), ("1025-4096", ("1025-204
 
 def train(overrides: list[str], run_dir: Path, log: Path) -> float:
     """``scripts/train.py OVERRIDES`` into ``run_dir`` (skipped when it already holds last.ckpt);
-    returns the wall-clock seconds (0 when skipped)."""
+    returns the wall-clock seconds of the run (kept in run_dir/wall_seconds.json; 0 if unknown)."""
+    timing = run_dir / "wall_seconds.json"
     if (run_dir / "checkpoints" / "last.ckpt").is_file():
-        return 0.0
+        return json.loads(timing.read_text())["seconds"] if timing.is_file() else 0.0
     cmd = [sys.executable, str(common.ROOT / "scripts" / "train.py"), *overrides, "logger=none",
            f"hydra.run.dir={run_dir}"]
     print(" ".join(cmd[1:]), flush=True)
     start = time.perf_counter()
     with open(log, "a") as fh:
         subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, cwd=common.ROOT)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    timing.write_text(json.dumps({"seconds": round(seconds, 1), "overrides": overrides}) + "\n")
+    return seconds
 
 
 def subset(out: Path, n_short: int, seed: int, long_above: int = 2048) -> tuple[Path, int, int]:
@@ -91,6 +97,8 @@ def main() -> None:
     p.add_argument("--teacher-steps", type=int, default=250)
     p.add_argument("--kernels", nargs="+", default=["softmax", "elu", "hedgehog"])
     p.add_argument("--steps", nargs="+", type=int, default=[50, 200])
+    p.add_argument("--long", nargs="*", default=["elu:mlm", "hedgehog:mlm", "hedgehog:distill"],
+                   help="KERNEL:RECOVERY runs repeated with crops to 8,192 (LONG_CROPS), at the largest --steps")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--n-short", type=int, default=265, help="held-out proteins up to 2,048 residues drawn")
     p.add_argument("--seed", type=int, default=0)
@@ -109,14 +117,18 @@ def main() -> None:
         name = f"{k} swapped"
         seconds[name] = train(start + ["trainer.max_steps=0"], a.out / f"{k}-0", log)
         models[name] = str(a.out / f"{k}-0" / "checkpoints" / "last.ckpt")
-        for how, extra in (("distill", [f"distill.teacher={teacher}"] + DISTILL), ("mlm", [])):
-            for n in a.steps:
-                name = f"{k} {how} {n}"
-                seconds[name] = train(start + extra + [f"trainer.max_steps={n}"], a.out / f"{k}-{how}-{n}", log)
-                models[name] = str(a.out / f"{k}-{how}-{n}" / "checkpoints" / "last.ckpt")
+        recipes = {"distill": [f"distill.teacher={teacher}"] + DISTILL, "mlm": []}
+        runs = [(how, n, "") for how in recipes for n in a.steps]
+        runs += [(how, max(a.steps), "long") for kh in a.long for how in [kh.split(":")[1]] if kh.split(":")[0] == k]
+        for how, n, crops in runs:
+            name = f"{k} {how} {n}" + (", crops to 8,192" if crops else "")
+            folder = f"{k}-{how}-{n}" + (f"-{crops}" if crops else "")
+            extra = recipes[how] + (LONG_CROPS if crops else [])
+            seconds[name] = train(start + extra + [f"trainer.max_steps={n}"], a.out / folder, log)
+            models[name] = str(a.out / folder / "checkpoints" / "last.ckpt")
     data, n_long, n_all = subset(a.out / "heldout_subset.fasta", a.n_short, a.seed)
     ev = a.out / "evaluate"
-    names = [n.replace(" ", "_").replace("(", "").replace(")", "") for n in models]
+    names = [n.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "") for n in models]
     cmd = [sys.executable, str(common.ROOT / "scripts" / "evaluate.py"), f"ckpt=[{','.join(models.values())}]",
            f"names=[{','.join(names)}]", f"data.path={data}", f"output_dir={ev}", "progress=false",
            "hydra.run.dir=" + str(ev / "hydra")]
@@ -144,7 +156,8 @@ def main() -> None:
              else f"* Teacher: `{a.teacher}`.",
              f"* Every recovery: `python scripts/train.py init_from=TEACHER model.attention.kernel=K optim.lr={a.lr} "
              f"{' '.join(RECOVERY)} trainer.max_steps=N`; distill adds `distill.teacher=TEACHER {' '.join(DISTILL)}`; "
-             f"`swapped` is the same with `trainer.max_steps=0` (the teacher's weights, no step).",
+             f"`swapped` is the same with `trainer.max_steps=0` (the teacher's weights, no step); "
+             f"`crops to 8,192` adds `{' '.join(LONG_CROPS)}`.",
              f"* Held-out: {n_all} proteins of `data/heldout/uniprotkb_mix_heldout_2k.fasta.gz`: all {n_long} above "
              f"2,048 residues and {a.n_short} others drawn with seed {a.seed}; `scripts/evaluate.py` (masked LM, "
              f"seed 0); the teacher windows proteins above 4,096 tokens (evaluate's default window), the linear "
