@@ -120,7 +120,8 @@ def compare(cfg: DictConfig) -> None:
     doc = s["doc"] or Path(s["output_dir"]) / "comparison.md"  # tracked docs only when asked
     results = compare_kernels(s["models"], flatten_overrides(s["train"]), s["heldout"]["path"], s["output_dir"],
                               doc=doc, reuse=s["reuse"], command=command.strip(), exact_name=s["exact"],
-                              model_overrides={name: flatten_overrides(tree) for name, tree in s["model_overrides"].items()},
+                              model_overrides={name: flatten_overrides(tree, where=f"model_overrides.{name}")
+                                               for name, tree in s["model_overrides"].items()},
                               title=s["title"], max_records=s["heldout"]["max_records"], **s["eval"])
     print(format_table(results))
     for name, gap in perplexity_gaps(results, s["exact"]).items():

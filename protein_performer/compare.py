@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+from .errors import UserError
 from .evaluate import evaluate, format_table
 from .files import refuse_overlap, write_bytes, write_json, write_text
 from .resources import conf_dir
@@ -16,8 +17,14 @@ log = logging.getLogger(__name__)
 GENERATED_END = "<!-- end of generated part: text below this line is kept when scripts/compare.py rewrites the file -->"
 
 
-def flatten_overrides(tree: dict, prefix: str = "") -> list[str]:
-    """{"trainer": {"max_steps": 5}} -> ["trainer.max_steps=5"] (Hydra command-line overrides)."""
+def flatten_overrides(tree: dict | list, prefix: str = "", where: str = "overrides") -> list[str]:
+    """{"trainer": {"max_steps": 5}} -> ["trainer.max_steps=5"] (Hydra command-line overrides); a list
+    of such strings (``model_overrides.NAME=["trainer.max_steps=5"]``) is taken as it is.  ``where``
+    names the setting in the error for anything else."""
+    if isinstance(tree, (list, tuple)) and all(isinstance(o, str) and "=" in o for o in tree):
+        return list(tree)
+    if not isinstance(tree, dict):
+        raise UserError(f"{where}: a tree of keys or a list of key=value strings, got {tree!r}")
     out = []
     for k, v in tree.items():
         key = f"{prefix}{k}"

@@ -263,3 +263,19 @@ def test_compare_writes_tracked_docs_only_when_asked():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         assert compose("compare").doc is None and compose("long_proteins").doc is None
         assert compose("compare", overrides=["doc=docs/comparison.md"]).doc == "docs/comparison.md"
+
+
+def test_compare_model_overrides_take_a_list_or_a_tree_and_refuse_anything_else(tmp_path, capsys):
+    from conftest import run_command
+    from protein_performer.compare import flatten_overrides
+    # the two spellings give the same overrides
+    assert flatten_overrides(["model.attention.redraw_interval=100"]) == ["model.attention.redraw_interval=100"]
+    assert flatten_overrides({"model": {"attention": {"redraw_interval": 100, "kernel": None}}}) == \
+        ["model.attention.redraw_interval=100", "model.attention.kernel=null"]
+    # anything else: one line naming the setting, exit 2, before any training (nothing written)
+    out = tmp_path / "cmp"
+    code, _, err = run_command("compare", capsys, "models=[performer]", "+model_overrides.performer=5",
+                               f"output_dir={out}")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "model_overrides.performer" in lines[0], err
+    assert not out.exists()
