@@ -226,7 +226,9 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
         if args.skip_finetune:
             break
         settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": 0.1, "max_tokens": args.max_tokens,
-                    "patience": 2, "seed": args.seed, **extra}
+                    "patience": 2, "seed": args.seed, "head_init": args.head_init,
+                    **({"window": FT.RESIDUE_WINDOW if args.window is None else args.window}
+                       if task == "residue" else {}), **extra}
         r = FT.finetune(ckpt, labels, task, work / f"{name}-{key}", overwrite=True,
                         trainer={"max_epochs": args.epochs, "enable_progress_bar": False, "gradient_clip_val": 1.0,
                                  "log_every_n_steps": 10}, **settings)
@@ -311,11 +313,17 @@ def render(results: dict, command: str) -> str:
     ft_any = next((r["finetune"] for r in tasks.values() if r.get("finetune")), None)
     if ft_any:
         s = ft_any["settings"]
+        start = ("the head starts as a linear probe of the frozen encoder (LP-FT), a start that competes with every "
+                 "epoch" if s.get("head_init", "random") == "probe" else "a random head")
+        window = next((r["finetune"]["settings"].get("window", 0) for r in tasks.values()
+                       if r.get("finetune") and r["task"] == "residue"), None)
         lines += ["", f"Fine-tuning: `protein_performer.finetune.finetune` (the `finetune` command) on the subsample "
-                  f"written as a CSV with a split column, mean pooling, freeze=none, lr {s['lr']} (encoder) / "
-                  f"{s['head_lr']} (head), dropout {s['dropout']}, max_tokens {s['max_tokens']}, at most "
-                  f"{meta['epochs']} epochs, early stopping on the validation loss (patience {s['patience']}; the best "
-                  "epoch's weights kept). The same for one task by hand:", "", "```bash",
+                  f"written as a CSV with a split column, mean pooling, freeze=none, head_init={s.get('head_init', 'random')} "
+                  f"({start}), lr {s['lr']} (encoder) / {s['head_lr']} (head), dropout {s['dropout']}, max_tokens "
+                  f"{s['max_tokens']}, at most {meta['epochs']} epochs, early stopping on the validation loss (patience "
+                  f"{s['patience']}; the best weights kept)"
+                  + (f"; the per-residue head also sees {window} residues on either side (`window={window}`)"
+                     if window else "") + ". The same for one task by hand:", "", "```bash",
                   "protein-performer finetune ckpt=CKPT labels=signalp.csv task=classification output_dir=ft/signalp "
                   f"lr={s['lr']} head_lr={s['head_lr']} max_tokens={s['max_tokens']} patience=2 "
                   f"trainer.max_epochs={meta['epochs']}", "```"]
@@ -385,6 +393,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--head-lr", type=float, default=3e-3)
     ap.add_argument("--max-tokens", type=int, default=2048, help="fine-tuning batches (padded tokens)")
+    ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
+    ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "
+                                                             "(default: finetune's, RESIDUE_WINDOW)")
     ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-lr", type=float, default=2e-3)

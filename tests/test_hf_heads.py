@@ -47,18 +47,19 @@ def write_labels(path, task, n=60):
 
 @pytest.fixture(scope="module")
 def finetuned(ckpt, tmp_path_factory):
-    """(task, pooling) -> (finetune folder, its export), a few steps of training each."""
+    """(task, pooling, window) -> (finetune folder, its export), a few steps of training each."""
     from protein_performer.hub.export import export
     made = {}
 
-    def make(task, pooling="mean"):
-        if (task, pooling) not in made:
-            d = tmp_path_factory.mktemp(f"{task}-{pooling}")
+    def make(task, pooling="mean", window=0):
+        if (task, pooling, window) not in made:
+            d = tmp_path_factory.mktemp(f"{task}-{pooling}-{window}")
             ft, out = d / "ft", d / "export"
             FT.finetune(ckpt, write_labels(d / "labels.csv", task), task, ft, pooling=pooling, lr=1e-2,
-                        head_lr=0.1, trainer={"max_steps": 3, "enable_progress_bar": False})
-            made[task, pooling] = ft, export(ft, out)
-        return made[task, pooling]
+                        head_lr=0.1, window=window, head_init="random",  # trained weights, not the probed start
+                        trainer={"max_steps": 3, "enable_progress_bar": False})
+            made[task, pooling, window] = ft, export(ft, out)
+        return made[task, pooling, window]
     return make
 
 
@@ -70,11 +71,14 @@ def batch():
     return seqs, tokens, pad
 
 
-@pytest.mark.parametrize("task,pooling", [("classification", "mean"), ("classification", "attention"),
-                                          ("regression", "mean"), ("residue", "mean")])
-def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling):
-    ft, out = finetuned(task, pooling)
+@pytest.mark.parametrize("task,pooling,window", [("classification", "mean", 0), ("classification", "attention", 0),
+                                                 ("regression", "mean", 0), ("residue", "mean", 0),
+                                                 ("residue", "mean", 3)])
+def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling, window):
+    ft, out = finetuned(task, pooling, window)
     ref_net, meta = load_finetuned(ft)
+    if window:  # the context weights trained away from their zero start: the export must carry them
+        assert ref_net.head.context.weight.abs().max() > 0
     seqs, tokens, pad = batch()
     auto = transformers.AutoModelForTokenClassification if task == "residue" else \
         transformers.AutoModelForSequenceClassification

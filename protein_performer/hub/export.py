@@ -263,13 +263,15 @@ def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
         labels = [config["id2label"][str(i)] for i in range(config["num_labels"])] if "id2label" in config else []
         meta = {"task": config["finetune_task"], "classes": [] if config["finetune_task"] == "regression" else labels,
                 "num_outputs": config.get("num_labels"), "pooling": config.get("pooling", "mean"),
+                "window": config.get("head_window", 0),
                 "dropout": config.get("classifier_dropout", 0.0), "target_scale": config.get("target_scale"),
                 "model": {k: v for k, v in config.items() if k in MODEL_KEYS}}
     else:
         raise UserError(f"{d}: neither a finetune output ({FINETUNE_CONFIG}) nor an exported model ({CONFIG})")
     try:
         encoder = PerformerEncoder(ModelConfig.from_dict(meta["model"]))
-        net = FineTuneNet(encoder, meta["task"], int(meta["num_outputs"]), meta["pooling"], float(meta["dropout"]))
+        net = FineTuneNet(encoder, meta["task"], int(meta["num_outputs"]), meta["pooling"], float(meta["dropout"]),
+                          int(meta.get("window") or 0))
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{where}: bad fine-tuned model settings ({one_line(e)})") from e
     load_weights(net, d / WEIGHTS)
@@ -290,6 +292,7 @@ def finetuned_config(net: FineTuneNet, meta: dict) -> dict:
         "auto_map": {"AutoConfig": config["auto_map"]["AutoConfig"],
                      **{a: f"modeling_protein_performer.{c}" for c, a in HEAD_ARCHITECTURES.values()}},
         "finetune_task": meta["task"], "pooling": meta["pooling"], "classifier_dropout": meta["dropout"],
+        "head_window": int(meta.get("window") or 0),
         "target_scale": meta["target_scale"], "num_labels": len(labels),
         "id2label": {str(i): c for i, c in enumerate(labels)}, "label2id": {c: i for i, c in enumerate(labels)},
         "problem_type": "regression" if meta["task"] == "regression" else "single_label_classification",

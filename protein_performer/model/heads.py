@@ -70,15 +70,30 @@ class SequenceClassificationHead(nn.Module):
 
 class TokenClassificationHead(nn.Module):
     """One output vector per position (e.g. secondary structure per residue): dropout and a
-    linear layer. Padding, <cls> and <eos> get outputs too; the loss leaves them out."""
+    linear layer; with ``window`` = w > 0, plus a linear map of the hidden states of the w residues
+    on either side (a convolution over residues only, zero at the start: the head begins as the
+    plain linear one; local structure depends on neighbours). Padding, <cls> and <eos> get outputs
+    too; the loss leaves them out."""
 
-    def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0):
+    def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0, window: int = 0):
         super().__init__()
         self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_outputs)
+        self.window = int(window)
+        self.context = nn.Conv1d(dim, num_outputs, 2 * self.window + 1, padding=self.window, bias=False) \
+            if self.window else None
+        if self.context is not None:
+            nn.init.zeros_(self.context.weight)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (B, L, dim) -> (B, L, num_outputs)."""
-        return self.out(self.drop(hidden))
+    def forward(self, hidden: torch.Tensor, residues: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden (B, L, dim), residues (B, L) True at residues (the window sees only those, so a
+        protein's outputs do not depend on its batch's padding) -> (B, L, num_outputs)."""
+        x = self.drop(hidden)
+        y = self.out(x)
+        if self.context is not None:
+            if residues is not None:
+                x = x * residues.unsqueeze(-1).to(x.dtype)
+            y = y + self.context(x.transpose(1, 2)).transpose(1, 2)
+        return y
 
 
 class AttentionPoolingHead(nn.Module):
@@ -113,13 +128,18 @@ class FineTuneNet(nn.Module):
     model.safetensors and the transformers code of an exported head have them."""
 
     def __init__(self, encoder: nn.Module, task: str, num_outputs: int, pooling: str = "mean",
-                 dropout: float = 0.1):
+                 dropout: float = 0.1, window: int = 0):
         super().__init__()
         if pooling not in TASK_HEADS:
             raise UserError(f"pooling={pooling!r}: choose one of {', '.join(TASK_HEADS)}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise UserError(f"window={window!r}: a number of residues on each side, 0 or more")
+        if window and task != "residue":
+            raise UserError(f"window={window}: a per-residue head's context (task=residue), not task={task}")
         self.task, self.encoder = task, encoder
         dim = encoder.config.dim
-        self.head = (TokenClassificationHead if task == "residue" else TASK_HEADS[pooling])(dim, num_outputs, dropout)
+        self.head = (TokenClassificationHead(dim, num_outputs, dropout, window) if task == "residue"
+                     else TASK_HEADS[pooling](dim, num_outputs, dropout))
         self.frozen: list[nn.Module] = []
         # the encoder's vocabulary (a model converted from ESM reads ESM's ids)
         self.tokenizer = Tokenizer(vocabulary=getattr(encoder.config, "vocabulary", "protein-performer"))
@@ -128,8 +148,7 @@ class FineTuneNet(nn.Module):
                 m.redraw_interval = 0
 
     def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.encoder(tokens, padding_mask)
-        return self.head(h) if self.task == "residue" else self.head(h, residue_mask(tokens, self.tokenizer))
+        return self.head(self.encoder(tokens, padding_mask), residue_mask(tokens, self.tokenizer))
 
     def freeze(self, how) -> None:
         """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no

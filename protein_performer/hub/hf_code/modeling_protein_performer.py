@@ -386,14 +386,21 @@ class PoolingHead(nn.Module):
 
 
 class TokenHead(nn.Module):
-    """protein-performer's TokenClassificationHead: dropout and a linear layer at every position."""
+    """protein-performer's TokenClassificationHead: dropout and a linear layer at every position, plus
+    (``window`` w > 0) a convolution over the residues' hidden states w on either side."""
 
-    def __init__(self, dim, num_labels, dropout):
+    def __init__(self, dim, num_labels, dropout, window=0):
         super().__init__()
         self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_labels)
+        self.context = nn.Conv1d(dim, num_labels, 2 * window + 1, padding=window, bias=False) if window else None
 
-    def forward(self, h):
-        return self.out(self.drop(h))
+    def forward(self, h, residues):
+        x = self.drop(h)
+        y = self.out(x)
+        if self.context is not None:
+            x = x * residues.unsqueeze(-1).to(x.dtype)
+            y = y + self.context(x.transpose(1, 2)).transpose(1, 2)
+        return y
 
 
 class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
@@ -417,9 +424,15 @@ class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
         self.num_labels = config.num_labels
         self.encoder = ProteinPerformerModel(config)
         dropout = getattr(config, "classifier_dropout", None) or 0.0
-        self.head = (TokenHead(config.dim, config.num_labels, dropout) if self.per_residue else
+        self.head = (TokenHead(config.dim, config.num_labels, dropout, getattr(config, "head_window", 0) or 0)
+                     if self.per_residue else
                      PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout))
         self.post_init()
+
+    def _residues(self, input_ids):
+        """True at residues: every token but padding, <cls> and <eos>."""
+        c = self.config
+        return (input_ids != c.pad_token_id) & (input_ids != c.bos_token_id) & (input_ids != c.eos_token_id)
 
     def _hidden(self, input_ids, attention_mask, output_hidden_states):
         return self.encoder(input_ids, attention_mask, output_hidden_states=output_hidden_states, return_dict=True)
@@ -442,9 +455,7 @@ class ProteinPerformerForSequenceClassification(ProteinPerformerTaskModel):
     def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
                 **kwargs):
         out = self._hidden(input_ids, attention_mask, output_hidden_states)
-        c = self.config
-        residues = (input_ids != c.pad_token_id) & (input_ids != c.bos_token_id) & (input_ids != c.eos_token_id)
-        logits = self.head(out.last_hidden_state, residues)
+        logits = self.head(out.last_hidden_state, self._residues(input_ids))
         result = SequenceClassifierOutput(loss=self._loss(logits, labels), logits=logits,
                                           hidden_states=out.hidden_states)
         return result if return_dict is not False else result.to_tuple()
@@ -459,7 +470,7 @@ class ProteinPerformerForTokenClassification(ProteinPerformerTaskModel):
     def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
                 **kwargs):
         out = self._hidden(input_ids, attention_mask, output_hidden_states)
-        logits = self.head(out.last_hidden_state)
+        logits = self.head(out.last_hidden_state, self._residues(input_ids))
         result = TokenClassifierOutput(loss=self._loss(logits, labels), logits=logits,
                                        hidden_states=out.hidden_states)
         return result if return_dict is not False else result.to_tuple()

@@ -1,0 +1,173 @@
+"""head_init=probe (LP-FT): the untrained head predicts what scikit-learn's probe predicts, with the
+features computed here protein by protein (no batching, no padding) and the probe refitted here;
+an attention-pooling head starts at the plain mean; a fine-tune that cannot move (learning rates 0)
+keeps the probed start and its test predictions are the probe's."""
+import copy
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from protein_performer import finetune as FT
+from protein_performer.model.heads import FineTuneNet
+from protein_performer.probe import make_probe
+from protein_performer.tokenizer import Tokenizer
+
+from protein_performer.training.task import ProteinLM
+
+from conftest import TINY_MODEL, run_command, save_checkpoint
+
+AA = "ACDEFGHIKLMNPQRSTVWY"
+TOK = Tokenizer()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    task = ProteinLM(model=TINY_MODEL, objective="mlm").eval()
+    return task, save_checkpoint(task, tmp_path_factory.mktemp("lpft") / "mlm.ckpt")
+
+
+def proteins(n, seed=0):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(AA) for _ in range(rng.randint(15, 45))) for _ in range(n)]
+
+
+def reference_features(encoder, seqs, per_residue=False):
+    """The encoder's output for each protein alone: mean over its residues, or each residue's."""
+    rows = []
+    with torch.no_grad():
+        for s in seqs:
+            h = encoder(torch.tensor([TOK.encode(s)]))[0, 1:1 + len(s)].double()
+            rows.append(h.numpy() if per_residue else h.mean(0, keepdim=True).numpy())
+    return np.concatenate(rows)
+
+
+def net_outputs(net, seqs):
+    with torch.no_grad():
+        return [net(torch.tensor([TOK.encode(s)]))[0].double() for s in seqs]
+
+
+def make_net(ckpt, task, n_out, pooling="mean"):
+    torch.manual_seed(0)
+    return FineTuneNet(copy.deepcopy(ckpt[0].model.encoder), task, n_out, pooling, dropout=0.0).eval()
+
+
+@pytest.mark.parametrize("n_classes,pooling", [(2, "mean"), (3, "mean"), (3, "attention")])
+def test_probed_head_gives_the_probes_probabilities(ckpt, n_classes, pooling):
+    seqs = proteins(90)
+    # labels that the features can partly tell: by the share of K and D
+    y = np.array([min(n_classes - 1, int(3 * (s.count("K") + s.count("D")) / len(s) * n_classes / 0.6))
+                  for s in seqs])
+    assert len(set(y)) == n_classes
+    net = make_net(ckpt, "classification", n_classes, pooling)
+    data = FT.Encoded([np.array(TOK.encode(s)) for s in seqs], [int(v) for v in y])
+    fitted = FT.probe_head_init(net, data, max_tokens=400, scale=(0.0, 1.0), seed=0)
+
+    X = reference_features(net.encoder, seqs)
+    pipe = make_probe("classification", folds=3, seed=0).fit(X, y)
+    assert fitted["C"] == pytest.approx(float(np.atleast_1d(pipe[-1].C_)[0]))
+    probs = torch.stack([torch.softmax(o, -1) for o in net_outputs(net.eval(), seqs)]).numpy()
+    # float32 encoder and head (batched, padded) against float64 features of each protein alone
+    np.testing.assert_allclose(probs, pipe.predict_proba(X), atol=1e-3)
+    assert (probs.argmax(1) == pipe.predict(X)).mean() > 0.95
+    assert len(np.unique(probs.argmax(1))) > 1  # not a constant predictor
+
+
+def test_probed_regression_head_gives_the_ridge_prediction(ckpt):
+    seqs = proteins(80, seed=1)
+    y = np.array([5.0 + 20 * s.count("W") / len(s) + 0.1 * (i % 3) for i, s in enumerate(seqs)])
+    scale = (float(y.mean()), float(y.std()))
+    net = make_net(ckpt, "regression", 1)
+    data = FT.Encoded([np.array(TOK.encode(s)) for s in seqs], [float(v) for v in y])
+    fitted = FT.probe_head_init(net, data, max_tokens=400, scale=scale, seed=0)
+
+    X = reference_features(net.encoder, seqs)
+    pipe = make_probe("regression").fit(X, (y - scale[0]) / scale[1])
+    assert fitted["alpha"] == pytest.approx(float(pipe[-1].alpha_))
+    pred = np.array([float(o[0]) for o in net_outputs(net, seqs)]) * scale[1] + scale[0]
+    np.testing.assert_allclose(pred, pipe.predict(X) * scale[1] + scale[0], atol=1e-4)
+    assert np.std(pred) > 0.01
+
+
+def test_probed_residue_head_gives_the_probes_probabilities(ckpt):
+    seqs = proteins(30, seed=2)
+    helix = set("AELMQKRH")
+    targets = [np.array([0 if c in helix else 1 if c in "VIYFWT" else 2 for c in s]) for s in seqs]
+    net = make_net(ckpt, "residue", 3)
+    data = FT.Encoded([np.array(TOK.encode(s)) for s in seqs], targets)
+    assert sum(map(len, targets)) < FT.PROBE_RESIDUES  # every residue is fitted on: the reference can refit
+    FT.probe_head_init(net, data, max_tokens=400, scale=(0.0, 1.0), seed=0)
+
+    X, y = reference_features(net.encoder, seqs, per_residue=True), np.concatenate(targets)
+    pipe = make_probe("classification", folds=3, seed=0).fit(X, y)
+    probs = np.concatenate([torch.softmax(o[1:1 + len(s)], -1).numpy() for o, s in zip(net_outputs(net, seqs), seqs)])
+    np.testing.assert_allclose(probs, pipe.predict_proba(X), atol=1e-3)
+
+
+def test_a_finetune_that_cannot_move_keeps_the_probed_start(ckpt, tmp_path, capsys):
+    seqs = proteins(150, seed=3)
+    label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
+    rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
+            for k, s in enumerate(seqs)]
+    labels = tmp_path / "labels.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    out = tmp_path / "out"
+    code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", "head_init=probe", "lr=0", "head_lr=0", "weight_decay=0", "dropout=0.0",
+                                "trainer.max_epochs=2", "max_tokens=1200")
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["head_init"] == "probe" and m["best_epoch"] == 0
+
+    train = [r for r in rows if r[3] == "train"]
+    test = [r for r in rows if r[3] == "test"]
+    encoder = ckpt[0].model.encoder.eval()
+    classes = sorted({r[2] for r in rows})
+    pipe = make_probe("classification", folds=3, seed=0).fit(
+        reference_features(encoder, [r[1] for r in train]), [classes.index(r[2]) for r in train])
+    expected = [classes[i] for i in pipe.predict(reference_features(encoder, [r[1] for r in test]))]
+    with open(out / "predictions.csv", newline="") as fh:
+        got = [r["prediction"] for r in csv.DictReader(fh)]
+    assert got == expected
+    assert 0 < sum(g == "rich" for g in got) < len(got)
+
+
+def test_window_head_is_the_hand_computed_convolution_over_residues_and_ignores_padding():
+    from protein_performer.model.heads import TokenClassificationHead, residue_mask
+    torch.manual_seed(0)
+    w, dim, n = 2, 8, 3
+    head = TokenClassificationHead(dim, n, dropout=0.0, window=w).eval()
+    assert head.context.weight.abs().max() == 0          # starts as the plain linear head
+    torch.nn.init.normal_(head.context.weight)
+    seqs = ["ACDEFG", "KLMNPQRSTVW"]
+    tokens = [list(TOK.encode(s)) for s in seqs]
+    L = max(map(len, tokens))
+    batch = torch.tensor([t + [TOK.pad_id] * (L - len(t)) for t in tokens])
+    hidden = torch.randn(2, L, dim, dtype=torch.float64)
+    with torch.no_grad():
+        head = head.double()
+        got = head(hidden, residue_mask(batch))
+        for b, s in enumerate(seqs):
+            for i in range(1, 1 + len(s)):               # residue positions (after <cls>)
+                want = head.out.weight @ hidden[b, i] + head.out.bias
+                for o in range(-w, w + 1):
+                    j = i + o
+                    if 1 <= j <= len(s):                 # neighbours that are residues of the same protein
+                        want = want + head.context.weight[:, :, o + w] @ hidden[b, j]
+                torch.testing.assert_close(got[b, i], want, atol=1e-12, rtol=0)
+        # the short protein alone (no padding) gives the same outputs at its residues
+        alone = head(hidden[:1, :len(tokens[0])], residue_mask(batch[:1, :len(tokens[0])]))
+        torch.testing.assert_close(alone[0, 1:7], got[0, 1:7], atol=1e-12, rtol=0)
+
+
+def test_window_is_refused_where_it_means_nothing(ckpt):
+    from protein_performer.errors import UserError
+    with pytest.raises(UserError, match="task=residue"):
+        FineTuneNet(ckpt[0].model.encoder, "classification", 2, window=3)
+    with pytest.raises(UserError, match="window=-1"):
+        FineTuneNet(ckpt[0].model.encoder, "residue", 3, window=-1)
