@@ -399,7 +399,7 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-lr", type=float, default=2e-3)
-    ap.add_argument("--probe-residues", type=int, default=20000)
+    ap.add_argument("--probe-residues", type=int, default=FT.PROBE_RESIDUES)
     ap.add_argument("--skip-finetune", action="store_true")
     ap.add_argument("--max-train", type=int, help="fewer training proteins than SIZES (a quick check)")
     ap.add_argument("--max-test", type=int, help="at most this many test proteins (a quick check)")

@@ -1,7 +1,7 @@
 """head_init=probe (LP-FT): the untrained head predicts what scikit-learn's probe predicts, with the
 features computed here protein by protein (no batching, no padding) and the probe refitted here;
 an attention-pooling head starts at the plain mean; a fine-tune that cannot move (learning rates 0)
-keeps the probed start and its test predictions are the probe's."""
+or can only get worse keeps the probed start: its test predictions are the probe's."""
 import copy
 import csv
 import json
@@ -108,7 +108,10 @@ def test_probed_residue_head_gives_the_probes_probabilities(ckpt):
     np.testing.assert_allclose(probs, pipe.predict_proba(X), atol=1e-3)
 
 
-def test_a_finetune_that_cannot_move_keeps_the_probed_start(ckpt, tmp_path, capsys):
+# learning rates 0: the weights cannot move; 5 / 50: every epoch wrecks them, so only keeping the
+# validated start gives the probe's predictions
+@pytest.mark.parametrize("rates", [("0", "0"), ("5", "50")])
+def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, capsys, rates):
     seqs = proteins(150, seed=3)
     label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
     rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
@@ -118,7 +121,8 @@ def test_a_finetune_that_cannot_move_keeps_the_probed_start(ckpt, tmp_path, caps
         csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
     out = tmp_path / "out"
     code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
-                                f"output_dir={out}", "head_init=probe", "lr=0", "head_lr=0", "weight_decay=0", "dropout=0.0",
+                                f"output_dir={out}", "head_init=probe", f"lr={rates[0]}", f"head_lr={rates[1]}",
+                                "weight_decay=0", "dropout=0.0",
                                 "trainer.max_epochs=2", "max_tokens=1200")
     assert code == 0, err
     m = json.loads((out / "metrics.json").read_text())
