@@ -251,6 +251,17 @@ def write_between(path: str | Path, start: str, end: str, text: str) -> bool:
     return True
 
 
+def git_commit() -> str:
+    """$GIT_COMMIT (a working tree copied to a GPU machine may have no .git), else git's short HEAD."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=ROOT, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def command_line(script: str | Path, args: Sequence[str] | None = None, prefix: str = "python") -> str:
     """How a doc says it was made: ``PREFIX benchmarks/NAME.py ARGS`` (the command line's args by default)."""
     path = Path(script).resolve()

@@ -28,7 +28,6 @@ import csv
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ SIZES = {"signalp": (2000, 300, None), "scop": (2000, 300, None), "stability": (
 #: the figure each table reports first, per task
 HEADLINE = {"classification": "accuracy", "regression": "spearman", "residue": "q3"}
 POOLINGS = ("mean", "max", "cls")
+RESIDUE_POOLINGS = ("per_residue", "window")  # per residue: its own state; beside its neighbours' mean
 WINDOW = 7  # per-residue composition baseline: the residues within 7 on either side
 
 
@@ -113,14 +113,16 @@ def protein_features(loaded, seqs: list[str], depth: int) -> dict:
 
 
 def residue_features(loaded, seqs: list[str], depth: int, keep: list | None = None) -> dict:
-    """layer -> (residues, D) hidden states of each residue (``keep[i]``: which residues of protein i)."""
+    """(pooling, layer) -> (residues, D): each residue's hidden state (``per_residue``) and, as the
+    composition baseline gets, that state beside the mean of the states within WINDOW of it
+    (``window``: 2 D features); ``keep[i]``: which residues of protein i."""
     import numpy as np
     import torch
 
     from protein_performer.data.collate import pad_batch
     from protein_performer.data.sampler import token_budget_batches
     tokens = [loaded.tokenizer.encode(s) for s in seqs]
-    parts = {layer: [None] * len(seqs) for layer in range(depth + 1)}
+    parts = {(p, layer): [None] * len(seqs) for p in RESIDUE_POOLINGS for layer in range(depth + 1)}
     with torch.inference_mode():
         for batch in token_budget_batches([len(t) for t in tokens], 16384):
             x, pad = pad_batch([tokens[k] for k in batch], loaded.tokenizer.pad_id)
@@ -129,8 +131,19 @@ def residue_features(loaded, seqs: list[str], depth: int, keep: list | None = No
                 h = hidden[layer].float().numpy()
                 for row, k in enumerate(batch):
                     r = h[row, 1:1 + len(seqs[k])]
-                    parts[layer][k] = r if keep is None else r[keep[k]]
-    return {layer: np.concatenate(p) for layer, p in parts.items()}
+                    w = np.concatenate([r, window_mean(r, WINDOW)], 1)
+                    for p, f in (("per_residue", r), ("window", w)):
+                        parts[p, layer][k] = f if keep is None else f[keep[k]]
+    return {key: np.concatenate(p) for key, p in parts.items()}
+
+
+def window_mean(x, window: int):
+    """(n, D) -> (n, D): the mean of the rows within ``window`` of each row (fewer at the ends)."""
+    import numpy as np
+    n = len(x)
+    c = np.concatenate([np.zeros((1, x.shape[1]), x.dtype), x.cumsum(0)])
+    lo, hi = np.clip(np.arange(n) - window, 0, n), np.clip(np.arange(n) + window + 1, 0, n)
+    return (c[hi] - c[lo]) / (hi - lo)[:, None].astype(x.dtype)
 
 
 def residue_composition(seqs: list[str], keep: list | None = None):
@@ -145,10 +158,7 @@ def residue_composition(seqs: list[str], keep: list | None = None):
         for i, a in enumerate(s):
             if a in index:
                 onehot[i, index[a]] = 1
-        c = np.concatenate([np.zeros((1, 20), np.float32), onehot.cumsum(0)])
-        lo, hi = np.clip(np.arange(len(s)) - WINDOW, 0, len(s)), np.clip(np.arange(len(s)) + WINDOW + 1, 0, len(s))
-        window = (c[hi] - c[lo]) / (hi - lo)[:, None]
-        f = np.concatenate([onehot, window], 1)
+        f = np.concatenate([onehot, window_mean(onehot, WINDOW)], 1)
         out.append(f if keep is None else f[keep[k]])
     return np.concatenate(out)
 
@@ -198,8 +208,8 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
         y_te = np.array([c for i in te for c in ex.labels[i]])
         f_tr, f_te = residue_features(loaded, seqs(tr), depth, keep), residue_features(loaded, seqs(te), depth)
         res["embed_seconds"] = round(time.perf_counter() - start, 1)
-        grid = {f"per_residue/{layer}": probe(task, classes, f_tr[layer], y_tr, f_te[layer], y_te, args.seed)
-                for layer in range(depth + 1)}
+        grid = {f"{p}/{layer}": probe(task, classes, f_tr[p, layer], y_tr, f_te[p, layer], y_te, args.seed)
+                for (p, layer) in f_tr}
         res["composition"] = probe(task, classes, residue_composition(seqs(tr), keep), y_tr,
                                    residue_composition(seqs(te)), y_te, args.seed)
         res["probe_default"] = grid[f"per_residue/{depth}"]
@@ -342,12 +352,13 @@ def render(results: dict, command: str) -> str:
     # item 4
     lines += ["## Which layers and pooling to probe (issue 21, item 4)", "",
               "The same probe on every layer (0 = the token embedding, "
-              f"{meta['depth']} = the last block after the final norm) and pooling `embed` offers; "
-              "**bold**: above composition. `embed`'s defaults are `layers=[-1] pooling=[mean]`.", ""]
+              f"{meta['depth']} = the last block after the final norm) and pooling `embed` offers (per residue also "
+              f"`window`: the residue's state beside the mean of the states within {WINDOW} residues of it, the "
+              "context the composition baseline gets); **bold**: above composition. `embed`'s defaults are `layers=[-1] pooling=[mean]`.", ""]
     for name, r in tasks.items():
         task, comp = r["task"], r["composition"][HEADLINE[r["task"]]]
         grid = r["probe_grid"]
-        poolings = sorted({k.split("/")[0] for k in grid}, key=lambda p: (["mean", "max", "cls", "per_residue"].index(p)))
+        poolings = sorted({k.split("/")[0] for k in grid}, key=lambda p: (list(POOLINGS + RESIDUE_POOLINGS).index(p)))
         lines += [f"**{name}** ({HEADLINE[task]}; composition {comp:.3f}):", "",
                   "| pooling | " + " | ".join(f"layer {i}" for i in range(meta["depth"] + 1)) + " |",
                   "|---|" + "---:|" * (meta["depth"] + 1)]
@@ -386,6 +397,7 @@ def render(results: dict, command: str) -> str:
 
 
 def main() -> None:
+    from protein_performer import finetune as FT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", required=True, help="the README default model's checkpoint (python scripts/train.py)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
@@ -423,8 +435,7 @@ def main() -> None:
     from protein_performer.hub.load import checkpoint_step, load_model
     start = time.perf_counter()
     loaded = load_model(args.ckpt)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = common.git_commit()
     meta = {"ckpt": args.ckpt, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cpu": common.cpu(), "threads": torch.get_num_threads(), "load": common.load_average(),
             "params": sum(p.numel() for p in loaded.net.parameters()), "step": checkpoint_step(args.ckpt),

@@ -25,7 +25,6 @@ import argparse
 import datetime
 import importlib.metadata
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -69,17 +68,6 @@ def gpu_facts() -> dict:
     except (OSError, IndexError, subprocess.SubprocessError):
         pass
     return facts
-
-
-def commit() -> str:
-    """$GIT_COMMIT (a working tree copied to a GPU machine may have no .git), else git's HEAD."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=common.ROOT, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 class Clock:
@@ -229,7 +217,7 @@ def goal(text: str, ok) -> str:
 def report(att: list[dict], lm: list[dict], facts: dict, vers: dict, args, seconds: float) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# GPU benchmarks", "",
-             f"Measured on **{facts['gpu']}** (driver {facts['driver']}), {when}, commit {commit()}, "
+             f"Measured on **{facts['gpu']}** (driver {facts['driver']}), {when}, commit {common.git_commit()}, "
              f"command `{common.command_line(Path(__file__).relative_to(common.ROOT), sys.argv[1:])}` "
              f"({seconds:.0f} s). Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + ".", "",
              f"Median of {args.repeats} timed calls after {args.warmup} warm-up calls (CUDA events); peak memory ="

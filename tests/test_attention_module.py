@@ -6,6 +6,7 @@ import io
 import pytest
 import torch
 
+from protein_performer.errors import UserError
 from protein_performer.attention import KERNELS, Attention, build_feature_map, projection_seed
 from protein_performer.attention.naive import naive_linear_attention, softmax_attention
 from protein_performer.attention.rotary import RotaryEmbedding
@@ -51,6 +52,30 @@ def test_module_matches_hand_composed_reference_and_gradients(kernel, causal):
     g2 = torch.autograd.grad((ref * w).sum(), [x, m.to_qkv.weight])
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("base", [10000.0, 300.0])
+def test_model_rotary_base_rotates_pairs_by_the_hand_computed_angles(base):
+    """model.rotary_base sets theta_i = base^(-2i/d): feature pair (i, i + d/2) of the vector at position p
+    is rotated by p * theta_i (written out with math.cos / math.sin)."""
+    import math
+
+    from protein_performer.model.config import ModelConfig
+    from protein_performer.model.encoder import PerformerLM
+    net = PerformerLM(ModelConfig(dim=16, heads=2, depth=1, rotary_base=base))
+    rot = net.encoder.blocks[0].attn.rotary
+    d = 8
+    x = torch.randn(1, 1, 40, d)
+    got = rot(x)[0, 0]
+    for p in (0, 1, 7, 39):
+        for i in range(d // 2):
+            a = p * base ** (-2 * i / d)
+            x1, x2 = float(x[0, 0, p, i]), float(x[0, 0, p, i + d // 2])
+            assert abs(float(got[p, i]) - (x1 * math.cos(a) - x2 * math.sin(a))) < 1e-5
+            assert abs(float(got[p, i + d // 2]) - (x2 * math.cos(a) + x1 * math.sin(a))) < 1e-5
+    for bad in (1, 0.5, True, "big"):
+        with pytest.raises(UserError, match="model.rotary_base must be a number above 1"):
+            ModelConfig(rotary_base=bad)
 
 
 def test_redraw_schedule_training_only():

@@ -48,3 +48,16 @@ def test_measure_keeps_warmup_apart():
     calls = []
     t = common.measure(lambda: calls.append(1), repeats=3, warmup=2)
     assert len(calls) == 5 and len(t.warmup) == 2 and len(t.runs) == 3 and t.best <= t.median
+
+
+def test_every_benchmark_script_parses_its_arguments():
+    """Each benchmarks/*.py answers --help (its argument parser, defaults included, is built without
+    error): a benchmark is only run by hand, so nothing else would notice a broken one."""
+    import subprocess
+    import sys
+    scripts = sorted(p for p in common.ROOT.joinpath("benchmarks").glob("*.py") if p.name not in ("__init__.py", "common.py"))
+    assert len(scripts) >= 10
+    for script in scripts:
+        r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                           cwd=common.ROOT)
+        assert r.returncode == 0 and "usage:" in r.stdout, (script.name, r.stderr[-500:])

@@ -30,6 +30,8 @@ def test_variants_differ_from_the_base_only_in_kernel_and_name(root, variant):
     assert all(b.attn.chunk_size == cfg["attention"]["chunk_size"] for b in net.blocks)
     expected = {"exact": None, "elu": cfg["dim"] // cfg["heads"]}.get(KERNEL[variant], cfg["attention"]["nb_features"])
     assert net.blocks[0].attn.num_features == expected
+    dh = cfg["dim"] // cfg["heads"]  # the configured rotary base sets the frequencies: theta_1 = base^(-2/dh)
+    assert abs(float(net.blocks[0].attn.rotary.inv_freq[1]) / cfg["rotary_base"] ** (-2 / dh) - 1) < 1e-6
 
 
 def test_unknown_keys_are_named():

@@ -48,11 +48,12 @@ def batch(sequences):
     return tokens, tokens == TOK.pad_id
 
 
-def make_checkpoint(run_dir, kernel="softmax", objective="mlm", position="rotary", step=37, **attention):
+def make_checkpoint(run_dir, kernel="softmax", objective="mlm", position="rotary", step=37, model_settings=None,
+                    **attention):
     """A tiny checkpoint whose weights are far from the initialization (so attention matters), whose
     projections are not the ones a fresh model draws (redrawn) and, for FAVOR++, with rho != 0."""
     model = dict(dim=32, depth=2, heads=2, ff_mult=2, dropout=0.1, position=position, max_positions=64,
-                 attention=dict(kernel=kernel, nb_features=16, chunk_size=8, **attention))
+                 attention=dict(kernel=kernel, nb_features=16, chunk_size=8, **attention), **(model_settings or {}))
     task = ProteinLM(model=model, objective=objective, aa_frequencies=FREQS)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -400,6 +401,27 @@ def test_transformers_opens_the_directory_to_the_same_logits(exported, transform
         ref, labels = ref[:, :-1], labels[:, 1:]
     expected = torch.nn.functional.cross_entropy(ref.reshape(-1, 30), labels.reshape(-1), ignore_index=-100)
     torch.testing.assert_close(loss, expected, **tol)
+
+
+def test_a_rotary_base_reaches_the_export_and_transformers(tmp_path, transformers):
+    """model.rotary_base travels into config.json and the transformers code rotates with it: the same
+    logits as the checkpoint, which differ from those of the same weights rotated with base 10,000."""
+    ckpt = make_checkpoint(tmp_path / "run", "softmax", "mlm", model_settings={"rotary_base": 300.0})
+    out = export(ckpt, tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["rotary_base"] == 300.0
+    proteins = real_proteins()
+    tokens, pad = batch(proteins)
+    enc = transformers.AutoTokenizer.from_pretrained(out)(proteins, return_tensors="pt", padding=True)
+    task = load_checkpoint(str(ckpt))
+    with torch.no_grad():
+        got = transformers.AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True)(**enc).logits
+        ref = task.model(tokens, pad)
+        default = ProteinLM(model={**task.model.config.to_dict(), "rotary_base": 10000.0}).model
+        default.load_state_dict(task.model.state_dict())
+        other = default.eval()(tokens, pad)
+    real = ~pad
+    torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
+    assert (other[real] - ref[real]).abs().max() > 1e-2
 
 
 def test_transformers_refuses_the_other_objective_in_one_line(exported, transformers):

@@ -36,6 +36,7 @@ class ModelConfig:
     causal: bool = False
     position: str = "rotary"        # rotary (any length) | learned (up to max_positions)
     max_positions: int = 1024       # learned positions only: the longest input the model accepts
+    rotary_base: float = 10000.0    # rotary positions: theta_i = base^(-2i / head_dim); larger = slower rotations
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     # --- what ESM-2 converted by convert-esm needs; the defaults are protein-performer's own models
     vocabulary: str = "protein-performer"  # protein-performer | esm (ESM's 33 tokens in ESM's id order)
@@ -63,6 +64,8 @@ class ModelConfig:
             raise UserError(f"model.attention.kernel={self.attention.kernel!r}: choose one of {', '.join(KERNELS)}")
         if self.attention.backend not in BACKENDS:
             raise UserError(f"model.attention.backend={self.attention.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, (int, float)) or not self.rotary_base > 1:
+            raise UserError(f"model.rotary_base must be a number above 1, got {self.rotary_base!r}")
         for key in ("vocab_size", "dim", "depth", "heads", "ff_mult", "max_positions"):
             _positive_int(f"model.{key}", getattr(self, key))
         _positive_int("model.attention.nb_features", self.attention.nb_features)

@@ -29,11 +29,12 @@ class Block(nn.Module):
         c = config
         self.norm1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.attn = Attention(c.dim, c.heads, causal=c.causal, dropout=c.dropout, seed=seed,
-                              rotary=c.position == "rotary", bias=c.qkv_bias, **asdict(c.attention))
+                              rotary=c.position == "rotary", rotary_base=float(c.rotary_base), bias=c.qkv_bias,
+                              **asdict(c.attention))
         if c.rotary_inv_freq == "float32" and self.attn.rotary is not None:
             # ESM's frequencies differ from the float64 ones by an ulp: 1e-4 rad at position 2,000
             r = self.attn.rotary
-            r.inv_freq = 1.0 / (10000 ** (torch.arange(0, r.dim, 2, dtype=torch.float32) / r.dim))
+            r.inv_freq = 1.0 / (float(c.rotary_base) ** (torch.arange(0, r.dim, 2, dtype=torch.float32) / r.dim))
         self.norm2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.ff = FeedForward(c.dim, c.ff_mult * c.dim, c.dropout)
         self.drop = nn.Dropout(c.dropout)

@@ -14,11 +14,11 @@ class ProteinPerformerConfig(PretrainedConfig):
     def __init__(self, vocab_size=30, objective="mlm", causal=False, dim=128, depth=4, heads=4, ff_mult=4,
                  dropout=0.1, position="rotary", max_positions=1024, attention=None, tokenizer_version=1,
                  aa_frequencies=None, vocabulary="protein-performer", qkv_bias=False, norm_eps=1e-5,
-                 token_dropout=False, lm_head="tied", rotary_inv_freq="float64", finetune_task=None, pooling="mean",
+                 token_dropout=False, lm_head="tied", rotary_inv_freq="float64", rotary_base=10000.0, finetune_task=None, pooling="mean",
                  target_scale=None, classifier_dropout=0.0, **kwargs):
         self.vocab_size, self.objective, self.causal = vocab_size, objective, causal
         self.dim, self.depth, self.heads, self.ff_mult, self.dropout = dim, depth, heads, ff_mult, dropout
-        self.position, self.max_positions = position, max_positions
+        self.position, self.max_positions, self.rotary_base = position, max_positions, rotary_base
         self.attention = dict(attention or {})
         self.tokenizer_version, self.aa_frequencies = tokenizer_version, aa_frequencies
         # models converted from ESM-2 (protein-performer convert-esm); the defaults are protein-performer's own

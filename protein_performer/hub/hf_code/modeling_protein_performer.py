@@ -157,6 +157,7 @@ class Attention(nn.Module):
         self.chunk_size = int(att.get("chunk_size") or 128)
         self.rotary = config.position == "rotary"
         self.float32_freqs = getattr(config, "rotary_inv_freq", "float64") == "float32"
+        self.rotary_base = float(getattr(config, "rotary_base", ROTARY_BASE))
         self.to_qkv = nn.Linear(config.dim, 3 * config.dim, bias=bool(getattr(config, "qkv_bias", False)))
         self.to_out = nn.Linear(config.dim, config.dim)
         self.drop = nn.Dropout(config.dropout)
@@ -168,7 +169,7 @@ class Attention(nn.Module):
         B, L, _ = x.shape
         q, k, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary:
-            q, k = rotate(q, float32_freqs=self.float32_freqs), rotate(k, float32_freqs=self.float32_freqs)
+            q, k = (rotate(t, self.rotary_base, float32_freqs=self.float32_freqs) for t in (q, k))
         if self.feature_map is None:
             out = self._exact(q, k, v, pad)
         else:
