@@ -206,6 +206,22 @@ def test_one_run_per_folder_last_is_resumed_and_best_always_exists(tmp_path, sma
     assert _checkpoints(run) == {"last.ckpt": 2, "best-2.ckpt": 2}
 
 
+def test_a_resume_keeps_the_checkpoints_model_settings(tmp_path, small_fasta):
+    """A setting the weights do not show (the rotary base: a non-persistent buffer; its default
+    changed) must be the checkpoint's on resume: else one line naming it and nothing written."""
+    run = tmp_path / "run"
+    _train(run, small_fasta, "trainer.max_steps=2", "trainer.val_check_interval=100", "model.rotary_base=10000")
+    last = run / "checkpoints" / "last.ckpt"
+    before = {p.name: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(UserError) as e:
+        _train(run, small_fasta, "trainer.max_steps=4", f"ckpt_path={last}")  # the config's default base
+    assert str(e.value) == (f"ckpt_path={last}: its model has model.rotary_base=10000, this run's config "
+                            f"model.rotary_base=100000; resume with the checkpoint's settings (model.rotary_base=10000)")
+    assert {p.name: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
+    _train(run, small_fasta, "trainer.max_steps=4", f"ckpt_path={last}", "model.rotary_base=10000")
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+
+
 # --- the commands themselves --------------------------------------------------------------
 def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,

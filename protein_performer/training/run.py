@@ -80,8 +80,9 @@ def open_start(cfg: DictConfig, open_model) -> tuple[PerformerLM | None, Distill
     return start, distiller
 
 
-def check_checkpoint(path: str) -> None:
-    """Open a resume checkpoint before anything is written, so a wrong file is one line."""
+def check_checkpoint(path: str) -> dict:
+    """Open a resume checkpoint before anything is written, so a wrong file is one line; returns its
+    hyperparameters (what :func:`check_resumed_model` compares)."""
     p = Path(path)
     if p.is_dir():
         raise UserError(f"ckpt_path={path}: is a directory, not a checkpoint file")
@@ -98,6 +99,24 @@ def check_checkpoint(path: str) -> None:
         raise UserError(f"ckpt_path={path}: not a checkpoint ({first_line(e)})") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "loops" not in ckpt:
         raise UserError(f"ckpt_path={path}: not a Lightning training checkpoint (no training state to resume)")
+    return dict(ckpt.get("hyper_parameters") or {})
+
+
+def check_resumed_model(path: str, hparams: dict, task: ProteinLM) -> None:
+    """A resume continues the checkpoint's model: settings the weights do not show (the rotary base,
+    a default that changed) must be the checkpoint's, else one line naming the first that differs."""
+    if not isinstance(hparams.get("model"), dict):
+        return  # written by hand without hyperparameters: nothing to compare
+    old = ModelConfig.from_dict(hparams["model"], vocab_size=task.model.config.vocab_size,
+                                causal=task.model.config.causal).to_dict()
+    new = task.model.config.to_dict()
+    flat = lambda d: {**{k: v for k, v in d.items() if k != "attention"},  # noqa: E731
+                      **{f"attention.{k}": v for k, v in d["attention"].items()}}
+    old, new = flat(old), flat(new)
+    for key in [k for k in new if k != "attention.chunk_size"]:  # how the causal path runs, not what it computes
+        if old.get(key) != new[key]:
+            raise UserError(f"ckpt_path={path}: its model has model.{key}={old.get(key)!r}, this run's config "
+                            f"model.{key}={new[key]!r}; resume with the checkpoint's settings (model.{key}={old.get(key)!r})")
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -186,8 +205,7 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     overwrite = bool(cfg.get("overwrite"))
     zero = rank_zero_only.rank == 0
     check_settings(cfg)
-    if ckpt_path:
-        check_checkpoint(ckpt_path)
+    resumed = check_checkpoint(ckpt_path) if ckpt_path else None
     start, distiller = open_start(cfg, open_model)
     if zero:  # DDP re-launches this for the other ranks once rank zero trains (and set old checkpoints aside)
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
@@ -198,6 +216,8 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     task = build_task(cfg, getattr(datamodule, "aa_frequencies", None), start)
+    if resumed is not None:
+        check_resumed_model(ckpt_path, resumed, task)
     task.set_distiller(distiller)
     written = journal(run_dir)
     if zero:
