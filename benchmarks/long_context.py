@@ -32,11 +32,11 @@ START, END = "<!-- benchmarks/long_context.py: start -->", "<!-- benchmarks/long
 
 
 def set_rotary_base(net, base: float) -> None:
-    """Every block's rotary frequencies recomputed for ``base`` (float64, as the model computes them)."""
-    import torch
+    """Every block's rotary frequencies recomputed for ``base``, as a model built with it has them."""
+    from protein_performer.attention.rotary import RotaryEmbedding
     for m in net.modules():
-        if m.__class__.__name__ == "RotaryEmbedding":
-            m.inv_freq = (1.0 / (base ** (torch.arange(0, m.dim, 2, dtype=torch.float64) / m.dim))).float()
+        if isinstance(m, RotaryEmbedding):
+            m.inv_freq = RotaryEmbedding(m.dim, base).inv_freq
 
 
 def perplexity(loaded, sequences, window: int | None) -> float:
@@ -61,11 +61,11 @@ def main() -> None:
     ap.add_argument("--bases", type=float, nargs="*", default=[10000, 40000, 100000])
     ap.add_argument("--doc", type=Path, help="put the table between this script's markers in that doc")
     args = ap.parse_args()
-    import torch
-
+    for spec in args.ckpt:
+        if not spec.partition("=")[2]:
+            ap.error(f"--ckpt {spec}: NAME=PATH (the label of the table's rows, then the checkpoint)")
     from protein_performer.formats.fasta import read_fasta
     from protein_performer.hub.load import load_model
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     seqs = [r.sequence for r in read_fasta(args.heldout)]
     n = args.min_length
     long, mid = [s for s in seqs if len(s) > n], [s for s in seqs if n // 2 < len(s) <= n]
