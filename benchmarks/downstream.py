@@ -188,8 +188,9 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
 
     from protein_performer import finetune as FT
     from protein_performer.probe import composition_features
+    wanted = (args.train.get(name, SIZES[name][0]), *SIZES[name][1:])
     sizes = tuple(n if cap is None or (n is not None and n <= cap) else cap
-                  for n, cap in zip(SIZES[name], (args.max_train, None, args.max_test)))
+                  for n, cap in zip(wanted, (args.max_train, None, args.max_test)))
     task, ex, chosen, available = load_task(name, sizes, args.seed)
     depth = loaded.net.depth
     res = {"task": task, "what": TASKS[name][5], "available": available,
@@ -396,6 +397,17 @@ def render(results: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+def parse_train_sizes(ap, items) -> dict:
+    """--train TASK=N ... -> {task: N}; anything else is one line and exit 2 (argparse's error)."""
+    sizes = {}
+    for item in items:
+        name, _, n = item.partition("=")
+        if name not in TASKS or not n.isdigit() or int(n) < 1:
+            ap.error(f"--train {item!r}: expected TASK=N with TASK one of {', '.join(TASKS)} and N >= 1")
+        sizes[name] = int(n)
+    return sizes
+
+
 def main() -> None:
     from protein_performer import finetune as FT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -414,6 +426,8 @@ def main() -> None:
     ap.add_argument("--probe-residues", type=int, default=FT.PROBE_RESIDUES)
     ap.add_argument("--skip-finetune", action="store_true")
     ap.add_argument("--max-train", type=int, help="fewer training proteins than SIZES (a quick check)")
+    ap.add_argument("--train", nargs="*", default=[], metavar="TASK=N",
+                    help="training proteins for a task instead of SIZES' (e.g. scop=8000)")
     ap.add_argument("--max-test", type=int, help="at most this many test proteins (a quick check)")
     ap.add_argument("--lengths", type=int, nargs="*", default=[256, 1024, 2048, 4096, 8192])
     ap.add_argument("--positions", type=int, default=8, help="mutated positions per protein (x 19 substitutions)")
@@ -423,6 +437,7 @@ def main() -> None:
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--raw", type=Path, default=RAW)
     args = ap.parse_args()
+    args.train = parse_train_sizes(ap, args.train)
 
     import torch
 

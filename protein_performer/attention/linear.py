@@ -116,6 +116,18 @@ def _chunk_scores(x, y, sc, a, b, upper):
     return A.masked_fill_(upper, 0.0)
 
 
+def _carry(S: torch.Tensor, sc: _Scales | None, n: int) -> torch.Tensor:
+    """S carried into chunk n's units, in place (the loops own their state: no copy per chunk)."""
+    return S if sc is None else S.mul_(sc.carry[:, n])
+
+
+def _chunk_buffer(x: torch.Tensor, C: int) -> torch.Tensor:
+    """One chunk's worth of x's rows (G, C, width), contiguous: a product written into a slice of a
+    (G, L, width) tensor runs one GEMM per row (and in-place ones too), into this buffer one batched
+    GEMM; the copy into the slice costs less (measured: docs/attention_speed.md)."""
+    return x.new_empty(x.shape[0], min(C, x.shape[1]), x.shape[2])
+
+
 def _spans(L: int, C: int):
     return [(n, a, min(a + C, L)) for n, a in enumerate(range(0, L, C))]
 
@@ -131,47 +143,52 @@ def causal_forward(q, k, v1, sc: _Scales | None, C: int, S: torch.Tensor):
     bad = ~torch.isfinite(v1.sum(-1))                                   # (G, L)
     v1_safe = v1.masked_fill(bad.unsqueeze(-1), 0.0)
     kv1 = v1 if sc is None else v1 * sc.k
-    out = torch.empty_like(v1)
-    scores = []
+    out, buf = torch.empty_like(v1), _chunk_buffer(v1, C)
+    scores, S = [], S.clone()                                           # updated in place below
     for n, a, b in _spans(L, C):
         qc, kc = q[:, a:b], k[:, a:b]
         A = _chunk_scores(qc, kc, sc, a, b, upper[:b - a, :b - a])
         scores.append(A)
-        o = torch.bmm(qc, S, out=out[:, a:b])
+        o = torch.bmm(qc, S, out=buf[:, :b - a])
         if sc is not None:
             o.mul_(sc.q[:, a:b])
-        o.baddbmm_(A, v1_safe[:, a:b])
-        S = torch.baddbmm(S if sc is None else S * sc.carry[:, n], kc.transpose(1, 2), kv1[:, a:b])
+        out[:, a:b] = o.baddbmm_(A, v1_safe[:, a:b])
+        S = _carry(S, sc, n).baddbmm_(kc.transpose(1, 2), kv1[:, a:b])
     N = len(scores)
     poison = F.pad(bad, (0, N * C - L)).view(G, N, C).cumsum(2).view(G, -1)[:, :L] > 0
     out[..., :-1].masked_fill_(poison.unsqueeze(-1), float("nan"))
     return out, scores, S
 
 
-def causal_backward(q, k, v1, g1, scores, sc: _Scales | None, C: int, S0, dS_final):
-    """Gradients of causal_forward's [num, den] w.r.t. q, k, v and the initial state, given
-    g1 = [g_num, g_den] (G, L, e + 1) and the final state's gradient (or None)."""
+def causal_backward(q, k, v1, g1, scores, sc: _Scales | None, C: int, S0, dS_final, need_ds: bool = False):
+    """Gradients of causal_forward's [num, den] w.r.t. q, k, v, the initial state and (need_ds) the
+    key log-scales (else None), given g1 = [g_num, g_den] (G, L, e + 1) and the final state's
+    gradient (or None).  Key j enters as exp(s_j) k_j (x) [v_j, 1], so its scale may as well sit on
+    [v_j, 1]: ds_j = dv1_j . [v_j, 1] with dv1 the gradient of the whole row [v_j, 1] (width e + 1,
+    not a pass over the r-wide dk_j . k_j)."""
     L, e = q.shape[1], v1.shape[-1] - 1
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu_(1)
     kv1 = v1 if sc is None else v1 * sc.k
     g1q = g1 if sc is None else g1 * sc.q
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v1[..., :e])
-    spans, Mx, S = _spans(L, C), [], S0                                 # Mx: decay_ij (g1_i . v1_j)
+    dq, dk, dv1 = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v1)
+    spans, Mx, S = _spans(L, C), [], S0.clone()                         # Mx: decay_ij (g1_i . v1_j)
+    buf, nbuf = _chunk_buffer(q, C), _chunk_buffer(v1, C)
     for n, a, b in spans:
         kc = k[:, a:b]
         Mx.append(_chunk_scores(g1[:, a:b], v1[:, a:b], sc, a, b, upper[:b - a, :b - a]))
-        torch.bmm(Mx[-1], kc, out=dq[:, a:b]).baddbmm_(g1q[:, a:b], S.transpose(1, 2))
-        S = torch.baddbmm(S if sc is None else S * sc.carry[:, n], kc.transpose(1, 2), kv1[:, a:b])
-    R = torch.zeros_like(S0) if dS_final is None else dS_final.to(S0.dtype)
+        dq[:, a:b] = torch.bmm(Mx[-1], kc, out=buf[:, :b - a]).baddbmm_(g1q[:, a:b], S.transpose(1, 2))
+        S = _carry(S, sc, n).baddbmm_(kc.transpose(1, 2), kv1[:, a:b])
+    R = torch.zeros_like(S0) if dS_final is None else dS_final.to(S0.dtype, copy=True)
     for n, a, b in reversed(spans):
-        qc = q[:, a:b]
-        torch.bmm(Mx[n].transpose(1, 2), qc, out=dk[:, a:b]).baddbmm_(kv1[:, a:b], R.transpose(1, 2))
-        o = torch.bmm(k[:, a:b], R[..., :e], out=dv[:, a:b])
+        qc, kc = q[:, a:b], k[:, a:b]
+        dk[:, a:b] = torch.bmm(Mx[n].transpose(1, 2), qc, out=buf[:, :b - a]).baddbmm_(kv1[:, a:b], R.transpose(1, 2))
+        o = torch.bmm(kc, R, out=nbuf[:, :b - a])
         if sc is not None:
             o.mul_(sc.k[:, a:b])
-        o.baddbmm_(scores[n].transpose(1, 2), g1[:, a:b, :e])
-        R = torch.baddbmm(R if sc is None else R * sc.carry[:, n], qc.transpose(1, 2), g1q[:, a:b])
-    return dq, dk, dv, R
+        dv1[:, a:b] = o.baddbmm_(scores[n].transpose(1, 2), g1[:, a:b])
+        R = _carry(R, sc, n).baddbmm_(qc.transpose(1, 2), g1q[:, a:b])
+    ds = torch.linalg.vecdot(dv1, v1) if need_ds else None
+    return dq, dk, dv1[..., :e], R, ds
 
 
 class CausalLinearAttention(torch.autograd.Function):
@@ -215,10 +232,9 @@ class CausalLinearAttention(torch.autograd.Function):
             # a zero gradient contributes zero even where the output is infinite (no 0 * inf)
             g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
             sc = None if scale is None else _Scales(scale, m0, ctx.chunk_size)
-            dq, dk, dv, dS0 = causal_backward(q, k, _with_ones(v), torch.cat([g_num, g_den], dim=-1), scores, sc,
-                                              ctx.chunk_size, S0, dS)
             # key j enters as k_j exp(s_j) (the running maxima cancel): dL/ds_j = sum_r dL/dk_jr k_jr
-            ds = (dk * k).sum(-1) if need[3] else None
+            dq, dk, dv, dS0, ds = causal_backward(q, k, _with_ones(v), torch.cat([g_num, g_den], dim=-1), scores,
+                                                  sc, ctx.chunk_size, S0, dS, need_ds=need[3])
             # S0 enters as S0 exp(m0)
             dm0 = (dS0 * S0).sum((1, 2)) if need[7] and scale is not None else None
         return dq, dk, dv, ds, None, None, dS0 if need[6] else None, dm0
