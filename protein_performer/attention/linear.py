@@ -135,7 +135,8 @@ def _spans(L: int, C: int):
 def causal_forward(q, k, v1, sc: _Scales | None, C: int, S: torch.Tensor):
     """[num, den] (G, L, e + 1) of the causal product for q, k (G, L, r), v1 = [v, 1] (G, L, e + 1)
     and the state S (G, r, e + 1) of earlier keys; returns them, the intra-chunk scores (a list of
-    (G, c, c)) and the final state.  Products write into their slices of the outputs (out=)."""
+    (G, c, c)) and the final state.  A chunk's products go through a contiguous buffer
+    (:func:`_chunk_buffer`) into their slice of the output."""
     G, L, _ = q.shape
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu_(1)
     # a non-finite value must not meet the zeros of the mask in A @ v: set it aside and poison
