@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import warnings
 from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
