@@ -98,8 +98,8 @@ class _ExpFeatures(torch.autograd.Function):
     gradient.  The backward is du = g f (one pass) and dx = du W - 2 c (sum_r du) x; it saves only
     f, which the attention saves anyway, and x.  Queries (``query=True``) may take any row factor,
     so they get softmax_r(u) = exp(u - m - log sum_r exp(u - m)): one fused pass over L x r instead
-    of max, subtract and exp (causal FAVOR+ fwd+bwd ~2 % faster; the largest feature is >= 1/r, not 1);
-    then only f is returned."""
+    of max, subtract and exp (matmul + map, 4 heads, L = 4096, r = 256, 1 thread: 12.8 -> 10.3 ms; the
+    largest feature is >= 1/r, not 1); then only f is returned."""
 
     @staticmethod
     def forward(ctx, x, w, b, c, query=False):

@@ -124,7 +124,8 @@ def _carry(S: torch.Tensor, sc: _Scales | None, n: int) -> torch.Tensor:
 def _chunk_buffer(x: torch.Tensor, C: int) -> torch.Tensor:
     """One chunk's worth of x's rows (G, C, width), contiguous: a product written into a slice of a
     (G, L, width) tensor runs one GEMM per row (and in-place ones too), into this buffer one batched
-    GEMM; the copy into the slice costs less (measured: docs/attention_speed.md)."""
+    GEMM; the copy into the slice costs less (4 heads, L = 4096, r = 256, 1 thread: the 64 chunks'
+    dq products 14.9 ms into slices, 13.5 ms through the buffer)."""
     return x.new_empty(x.shape[0], min(C, x.shape[1]), x.shape[2])
 
 
