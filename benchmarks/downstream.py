@@ -291,6 +291,11 @@ def headline(task: str, m: dict | None) -> str:
     return fmt(m.get(key)) + (f" / {fmt(m.get(extra))}" if extra else "")
 
 
+def epochs_note(meta: dict, tasks) -> str:
+    """' (scop: 5)' for each shown task fine-tuned for other than --epochs epochs."""
+    return "".join(f" ({t}: {n})" for t, n in meta.get("task_epochs", {}).items() if t in tasks)
+
+
 def render(results: dict, command: str) -> str:
     meta, tasks, speed = results["meta"], results["tasks"], results.get("scorer")
     lines = ["# Downstream tasks: fine-tuning, linear probes, composition; the scorer's speed", "",
@@ -302,8 +307,7 @@ def render(results: dict, command: str) -> str:
              f"depth 4, {meta['params'] / 1e6:.2f} M parameters, {meta['step']} steps on the bundled Swiss-Prot "
              f"sample). Every figure is on the set's own test split; training sets are **subsampled** (seeded, "
              f"seed {meta['seed']}) and fine-tuning runs at most {meta['epochs']} epochs"
-             + "".join(f" ({t}: {n})" for t, n in meta.get("task_epochs", {}).items() if t in tasks)
-             + ", to keep the run short on "
+             + epochs_note(meta, tasks) + ", to keep the run short on "
              "2 CPU cores: the figures are what this budget buys, not the model's ceiling.", "",
              "| task | metric | fine-tuned | " + ("LoRA | " if meta["lora"] else "") +
              "linear probe (embed defaults) | composition | constant | fine-tune time |",
@@ -333,13 +337,12 @@ def render(results: dict, command: str) -> str:
         s = ft_any["settings"]
         start = ("the head starts as a linear probe of the frozen encoder (LP-FT), a start that competes with every "
                  "epoch" if s.get("head_init", "random") == "probe" else "a random head")
-        per_task = "".join(f" ({t}: {n})" for t, n in meta.get("task_epochs", {}).items() if t in tasks)
         window = next((r["finetune"]["settings"].get("window", 0) for r in tasks.values()
                        if r.get("finetune") and r["task"] == "residue"), None)
         lines += ["", f"Fine-tuning: `protein_performer.finetune.finetune` (the `finetune` command) on the subsample "
                   f"written as a CSV with a split column, mean pooling, freeze=none, head_init={s.get('head_init', 'random')} "
                   f"({start}), lr {s['lr']} (encoder) / {s['head_lr']} (head), dropout {s['dropout']}, max_tokens "
-                  f"{s['max_tokens']}, at most {meta['epochs']} epochs{per_task}, early stopping on the validation loss (patience "
+                  f"{s['max_tokens']}, at most {meta['epochs']} epochs{epochs_note(meta, tasks)}, early stopping on the validation loss (patience "
                   f"{s['patience']}; the best weights kept)"
                   + (f"; the per-residue head also sees {window} residues on either side (`window={window}`)"
                      if window else "") + ". The same for one task by hand:", "", "```bash",
@@ -407,13 +410,13 @@ def render(results: dict, command: str) -> str:
 
 def parse_per_task(ap, flag: str, items) -> dict:
     """FLAG TASK=N ... -> {task: N}; anything else is one line and exit 2 (argparse's error)."""
-    sizes = {}
+    values = {}
     for item in items:
         name, _, n = item.partition("=")
         if name not in TASKS or not n.isdigit() or int(n) < 1:
             ap.error(f"{flag} {item!r}: expected TASK=N with TASK one of {', '.join(TASKS)} and N >= 1")
-        sizes[name] = int(n)
-    return sizes
+        values[name] = int(n)
+    return values
 
 
 def main() -> None:

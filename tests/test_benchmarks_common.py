@@ -61,3 +61,19 @@ def test_every_benchmark_script_parses_its_arguments():
         r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
                            cwd=common.ROOT)
         assert r.returncode == 0 and "usage:" in r.stdout, (script.name, r.stderr[-500:])
+
+
+def test_downstream_per_task_values_parse_and_refuse(capsys):
+    """downstream's --train / --task-epochs TASK=N: a good list gives {task: N}; an unknown task or a
+    non-positive count is one line naming the flag and the item, exit 2 (argparse's error)."""
+    import argparse
+
+    import pytest
+
+    from benchmarks import downstream
+    ap = argparse.ArgumentParser(prog="downstream.py")
+    assert downstream.parse_per_task(ap, "--train", ["scop=8000", "ss3=10"]) == {"scop": 8000, "ss3": 10}
+    for bad in ("foo=3", "scop=0", "scop", "scop=x"):
+        with pytest.raises(SystemExit) as e:
+            downstream.parse_per_task(ap, "--train", [bad])
+        assert e.value.code == 2 and f"--train {bad!r}" in capsys.readouterr().err
