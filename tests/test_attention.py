@@ -352,3 +352,52 @@ def test_module_steps_several_tokens_at_once(kernel):
     for key in st:
         if key != "pos":
             torch.testing.assert_close(st[key], one[key], rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- fused bidirectional FAVOR
+@pytest.mark.parametrize("kernel", ["softmax", "favor++"])
+def test_fused_bidirectional_favor_matches_naive(kernel, monkeypatch):
+    """The fused path (fused_favor.py: features formed block by block, recomputed in the backward)
+    against the quadratic formula on the raw, unstabilized features: outputs and gradients, with
+    padding, keys whose norms differ by orders of magnitude (the running maximum grows from block to
+    block) and 16-row blocks (so 5 blocks per row and a short last one)."""
+    from protein_performer.attention import fused_favor
+    monkeypatch.setattr(fused_favor, "BLOCK_BYTES", 1)
+    H, L, d = 3, 70, 8
+    fm = build_feature_map(kernel, d, 24, generator=torch.Generator().manual_seed(5), heads=H).double()
+    if kernel == "favor++":
+        fm.rho.copy_(torch.tensor([0.0, 0.4, 1.5], dtype=torch.float64))  # per head: A differs by head
+    spread = torch.logspace(-1, 0.6, L, dtype=torch.float64).view(1, 1, L, 1)
+    q = (_normal(2, H, L, d, seed=40) * 0.6).requires_grad_()
+    k = (_normal(2, H, L, d, seed=41) * spread).requires_grad_()
+    v = _normal(2, H, L, 5, seed=42).requires_grad_()
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[1, 50:] = True
+    out = kernel_attention(fm, q, k, v, causal=False, key_padding_mask=mask)
+    ref = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, key_padding_mask=mask)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-12)
+    go = _normal(2, H, L, 5, seed=43)
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    refs = torch.autograd.grad(ref, (q, k, v), go)
+    for got, want in zip(grads, refs):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
+    assert grads[1][1, :, 50:].abs().max() == 0 and grads[2][1, :, 50:].abs().max() == 0  # padded keys
+    assert grads[0].abs().max() > 1e-3 and grads[1].abs().max() > 1e-3  # not trivially zero
+
+
+def test_fused_bidirectional_favor_gradcheck(monkeypatch):
+    from protein_performer.attention import fused_favor
+    monkeypatch.setattr(fused_favor, "BLOCK_BYTES", 1)
+    fm = FavorPlus(4, 8, generator=torch.Generator().manual_seed(6)).double()
+    q, k, v = (_normal(1, 2, 21, w, seed=44 + i).requires_grad_() for i, w in enumerate((4, 4, 3)))
+    assert torch.autograd.gradcheck(lambda q, k, v: kernel_attention(fm, q, k, v), (q, k, v))
+
+
+def test_fused_bidirectional_favor_float32_matches_float64():
+    """float32 inputs (the training dtype) against the float64 fused path at realistic norms."""
+    fm = FavorPlus(32, 256, generator=torch.Generator().manual_seed(7))
+    q, k, v = _normal(2, 4, 600, 32, seed=47), _normal(2, 4, 600, 32, seed=48), _normal(2, 4, 600, 32, seed=49)
+    ref = kernel_attention(fm.double(), q, k, v)
+    out = kernel_attention(fm.float(), q.float(), k.float(), v.float())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)

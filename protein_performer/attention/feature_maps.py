@@ -233,17 +233,20 @@ class FavorPlus(_Projected):
     def num_features(self) -> int:
         return self.nb_rows
 
+    def exponent(self, dtype: torch.dtype):
+        """(w, b, c) of the features' exponent u = x w^T + b - c |x|^2 (keys; queries drop the c term,
+        a per-query factor): the data scaling d^-1/4 folded into w, b None, c = d^-1/2 / 2."""
+        return self.projection.to(dtype) * self.head_dim ** -0.25, None, 0.5 * self.head_dim ** -0.5
+
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x = x.to(_compute_dtype(x))
-            s2 = self.head_dim ** -0.5                                   # (d^-1/4)^2
-            w = self.projection.to(x.dtype) * self.head_dim ** -0.25    # data scaling folded into W
+            w, _, c = self.exponent(x.dtype)
             if not stabilize:
-                half_sq = (0.5 * s2) * (x * x).sum(-1, keepdim=True)   # |x d^-1/4|^2 / 2
-                return torch.exp(x @ w.T - half_sq) / math.sqrt(self.num_features)
+                return torch.exp(x @ w.T - c * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.num_features)
             if is_query:  # per-query factors (|x|^2/2, the row's scale) cancel
                 return _query_features(x, w)
-            return KeyFeatures(*_exp_features(x, w, None, 0.5 * s2))
+            return KeyFeatures(*_exp_features(x, w, None, c))
 
 
 def oprf_A(rho: torch.Tensor) -> torch.Tensor:
@@ -308,17 +311,20 @@ class FavorPlusPlus(FavorPlus):
         A = oprf_A(self.rho.to(x.dtype))
         return A.view(-1, 1, 1) if A.numel() > 1 else A.reshape(())  # broadcast over (B, H, L, r)
 
+    def exponent(self, dtype: torch.dtype):
+        """(w, b, c) of the exponent B w.x + A |w|^2 - |x d^-1/4|^2 / 2 = x wB^T + b - c |x|^2: wB (m, d) or
+        (H, m, d), b = A |w|^2 (m,) or (H, 1, m), c = d^-1/2 / 2 (the constant D cancels)."""
+        w = self.projection.to(dtype)
+        A = self._A(w)                                                  # () or (H, 1, 1)
+        wB = (torch.sqrt(1 - 4 * A) * self.head_dim ** -0.25) * w       # (m, d) or (H, m, d)
+        return wB, A * (w * w).sum(-1), 0.5 * self.head_dim ** -0.5
+
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x = x.to(_compute_dtype(x))
-            A = self._A(x)                                              # () or (H, 1, 1)
-            Bc = torch.sqrt(1 - 4 * A)
-            w = self.projection.to(x.dtype)
-            wsq = (w * w).sum(-1)                                       # (m,)
-            feat_bias = A * wsq                                         # (m,) or (H, 1, m)
-            wB = (Bc * self.head_dim ** -0.25) * w                      # (m, d) or (H, m, d)
-            c = 0.5 * self.head_dim ** -0.5                             # |x d^-1/4|^2 / 2 = c |x|^2
+            wB, feat_bias, c = self.exponent(x.dtype)
             if not stabilize:
+                A = self._A(x)
                 u = torch.matmul(x, wB.transpose(-1, -2)).add_(feat_bias)   # B w.x + A |w|^2
                 logD = 0.25 * self.head_dim * torch.log(1 - 4 * A)
                 return torch.exp(u - c * (x * x).sum(-1, keepdim=True) + logD) / math.sqrt(self.num_features)

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from . import fla_backend
-from .feature_maps import KERNELS, NB_FEATURES, FavorPlusPlus, build_feature_map
+from .feature_maps import KERNELS, NB_FEATURES, FavorPlus, FavorPlusPlus, build_feature_map
+from .fused_favor import fused_favor_attention
 from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, head_groups, init_linear_state,
                      linear_attention, recurrent_linear_attention)
 from .rotary import RotaryEmbedding
@@ -46,9 +47,12 @@ def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                      backend: str = "torch") -> torch.Tensor:
     """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA):
     features, then :func:`linear_attention` with the map's normalizer guard (``backend="fla"``:
-    the causal case through fla_backend.py, all heads in one call)."""
+    the causal case through fla_backend.py, all heads in one call; bidirectional FAVOR+ and FAVOR++
+    through fused_favor.py, the feature maps fused with the products)."""
     if feature_map is None:
         return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
+    if not causal and isinstance(feature_map, FavorPlus):
+        return fused_favor_attention(feature_map.exponent, q, k, v, key_padding_mask, feature_map.normalizer_eps)
     if causal and backend == "fla":
         qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
         floor = feature_map.normalizer_floor(k, causal, key_padding_mask)

@@ -1,0 +1,141 @@
+r"""Bidirectional attention through exponential random features (FAVOR+, FAVOR++), fused with the
+feature maps and computed block by block over L.
+
+The plain path (feature_maps.py, then :func:`~protein_performer.attention.linear.bidirectional_linear_attention`)
+forms the L x r query and key features, keeps them for the backward and makes several passes over
+them (the map, its stabilizer, the products, and in the backward du = g * f).  Here a block of T
+positions at a time goes through the whole chain while its T x r features stay in cache, and the
+backward recomputes them from the narrow inputs (width d) instead of reading stored ones:
+
+forward   keys:    u = [x, 1, -|x|^2] [W, b, c]^T, m_j = max_r u_j, f = exp(u - m);
+                   [S | Z] += f^T ([v, 1] exp(m - M)), the running maximum M of the m_j (when it
+                   grows, the state is rescaled by exp(M_old - M_new), as online softmax does);
+          queries: q' = softmax_r(x W^T + b) (a per-query factor cancels), [num | den] = q' [S | Z].
+backward  queries: dS += q'^T g1, dx = ((g1 [S | Z]^T) * q') W with g1 = [g / den, -(g . out) / den];
+          keys:    du = (([v, 1] exp(m - M)) dS^T) * f, dx = du W - 2 c (sum_r du) x,
+                   dv = (f dS) exp(m - M).
+The maxima m_j and M are common factors of a key's features and of every query's numerator and
+normalizer, so treating them as constants gives the exact gradient (as in feature_maps.py).  The
+same numbers as the plain path up to rounding (tests/test_attention.py), about 0.75-0.8x its time
+forward + backward (head_dim 32, r = 256, L = 4,096-8,192, 8 heads; `benchmarks/attention.py`),
+and the backward keeps O(L d) per head instead of O(L r).  All arithmetic is float32 (float64
+stays float64) with autocast off; the output is returned in v's dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+#: bytes of one block's features (rows x T x r): T is chosen so that a block stays near the cache
+#: (8 heads, r = 256, L = 8,192, 2 threads: 0.25 MiB blocks 1.0x the plain path's time, 1 MiB 0.83x,
+#: 4 MiB 0.73-0.78x, 16 MiB 0.88x)
+BLOCK_BYTES = 4 * 2 ** 20
+
+
+def _augment(x: torch.Tensor, b, c: float) -> torch.Tensor:
+    """[x, 1 (if b), -|x|^2 (if c)]: the exponent is one matmul (as feature_maps._ExpFeatures)."""
+    cols = [x] + ([torch.ones_like(x[..., :1])] if b is not None else []) + (
+        [-(x * x).sum(-1, keepdim=True)] if c else [])
+    return torch.cat(cols, -1) if len(cols) > 1 else x
+
+
+def _augmented_weight(w: torch.Tensor, b, c: float) -> torch.Tensor:
+    """[W, b, c]^T (K, r) or (G, K, r), matching :func:`_augment`."""
+    cols = [w] + ([b.transpose(-1, -2) if b.dim() > 1 else b[:, None]] if b is not None else []) + (
+        [torch.full_like(w[..., :1], c)] if c else [])
+    return (torch.cat(cols, -1) if len(cols) > 1 else w).transpose(-1, -2)
+
+
+def _blocks(L: int, T: int):
+    return [(a, min(a + T, L)) for a in range(0, L, T)]
+
+
+class FusedFavorAttention(torch.autograd.Function):
+    """out = q' [S | Z] of raw queries and keys xq, xk (G, L, d) and values v (G, L, e); the exponent's
+    parts w (r, d) or (G, r, d), b None, (r,) or (G, 1, r), c a float; valid (G, L) bool (False:
+    a padded key) or None; eps the normalizer's clamp.  Gradients for xq, xk and v."""
+
+    @staticmethod
+    def forward(ctx, xq, xk, v, w, b, c, valid, eps):
+        G, L, _ = xq.shape
+        T = max(16, BLOCK_BYTES // (xq.element_size() * G * w.shape[-2]))
+        wq, wk = _augmented_weight(w, b, 0.0), _augmented_weight(w, b, c)
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+        lowest = torch.finfo(xq.dtype).min
+        if valid is not None:  # a padded key counts nowhere, whatever its values
+            xk = xk.masked_fill(~valid.unsqueeze(-1), 0.0)
+            v1 = v1.masked_fill(~valid.unsqueeze(-1), 0.0)
+        SZ = xq.new_zeros(G, w.shape[-2], v1.shape[-1])
+        M = xq.new_full((G, 1), lowest)
+        m_all = xq.new_empty(G, L)
+        for a, z in _blocks(L, T):
+            u = torch.matmul(_augment(xk[:, a:z], b, c), wk)
+            m = u.amax(-1)
+            m_all[:, a:z] = m if valid is None else m.masked_fill(~valid[:, a:z], lowest)
+            M_new = torch.maximum(M, m_all[:, a:z].amax(-1, keepdim=True))
+            SZ.mul_(torch.exp(M - M_new).unsqueeze(-1))
+            M = M_new
+            f = u.sub_(m.unsqueeze(-1)).exp_()
+            SZ.baddbmm_(f.transpose(1, 2), v1[:, a:z] * torch.exp(m_all[:, a:z] - M).unsqueeze(-1))
+        out, den = torch.empty_like(v), xq.new_empty(G, L, 1)
+        for a, z in _blocks(L, T):
+            nd = torch.bmm(torch.softmax(torch.matmul(_augment(xq[:, a:z], b, 0.0), wq), -1), SZ)
+            den[:, a:z] = nd[..., -1:]
+            torch.div(nd[..., :-1], nd[..., -1:].clamp_min(eps), out=out[:, a:z])
+        ctx.save_for_backward(xq, xk, v1, w, b, SZ, M, m_all, out, den, valid)
+        ctx.c, ctx.eps, ctx.T = c, eps, T
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        xq, xk, v1, w, b, SZ, M, m_all, out, den, valid = ctx.saved_tensors
+        with torch.autocast(xq.device.type, enabled=False):  # backward may run inside an autocast region
+            return FusedFavorAttention._backward(ctx, g.to(xq.dtype), xq, xk, v1, w, b, SZ, M, m_all, out, den, valid)
+
+    @staticmethod
+    def _backward(ctx, g, xq, xk, v1, w, b, SZ, M, m_all, out, den, valid):
+        c, T, L = ctx.c, ctx.T, xq.shape[1]
+        wq, wk = _augmented_weight(w, b, 0.0), _augmented_weight(w, b, c)
+        den_c = den.clamp_min(ctx.eps)
+        g_den = (-(g * out).sum(-1, keepdim=True) / den_c).masked_fill_(den_c > den, 0.0)
+        g1 = torch.cat([g / den_c, g_den], -1)
+        dSZ, dxq = torch.zeros_like(SZ), torch.empty_like(xq)
+        for a, z in _blocks(L, T):
+            qf = torch.softmax(torch.matmul(_augment(xq[:, a:z], b, 0.0), wq), -1)
+            dSZ.baddbmm_(qf.transpose(1, 2), g1[:, a:z])
+            dxq[:, a:z] = torch.matmul(torch.bmm(g1[:, a:z], SZ.transpose(1, 2)).mul_(qf), w)
+        dxk, dv = torch.empty_like(xk), torch.empty_like(v1[..., :-1])
+        for a, z in _blocks(L, T):
+            x = xk[:, a:z]
+            u = torch.matmul(_augment(x, b, c), wk)
+            f = u.sub_(u.amax(-1, keepdim=True)).exp_()        # the forward's f: m is the same row maximum
+            scale = torch.exp(m_all[:, a:z] - M).unsqueeze(-1)
+            if valid is not None:  # 0 for padded keys, even in a row of padding only
+                scale = scale.masked_fill_(~valid[:, a:z, None], 0.0)
+            du = torch.bmm(v1[:, a:z] * scale, dSZ.transpose(1, 2)).mul_(f)
+            dx = torch.matmul(du, w)
+            if c:
+                dx.addcmul_(du.sum(-1, keepdim=True), x, value=-2 * c)
+            dxk[:, a:z] = dx
+            torch.mul(torch.bmm(f, dSZ[..., :-1]), scale, out=dv[:, a:z])
+        return dxq, dxk, dv, None, None, None, None, None
+
+
+def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          key_padding_mask: torch.Tensor | None = None, eps: float | None = None) -> torch.Tensor:
+    """Bidirectional attention of raw (rotated) q, k (B, H, L, d) and v (B, H, L, e) through the
+    exponential features whose exponent is ``exponent(dtype) -> (w, b, c)`` (FavorPlus.exponent);
+    key_padding_mask (B, L), True = padding.  Returns (B, H, L, e) in v's dtype."""
+    B, H, L, d = q.shape
+    G = B * H
+    with torch.autocast(q.device.type, enabled=False):
+        dtype = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
+        w, b, c = exponent(dtype)
+        if w.dim() == 3:  # per head (H, r, d), bias (H, 1, r): one copy per row of the batch
+            w = w.expand(B, *w.shape).reshape(G, *w.shape[1:])
+            b = b.expand(B, *b.shape).reshape(G, *b.shape[1:])
+        valid = None if key_padding_mask is None else (~key_padding_mask.bool())[:, None].expand(B, H, L).reshape(G, L)
+        out = FusedFavorAttention.apply(q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d),
+                                        v.to(dtype).reshape(G, L, v.shape[-1]), w, b, c, valid,
+                                        torch.finfo(dtype).tiny if eps is None else eps)
+    return out.view(B, H, L, -1).to(v.dtype)
