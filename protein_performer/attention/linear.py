@@ -4,7 +4,8 @@ Three paths, one signature (as flash-linear-attention's ops have it)::
 
     o, final_state = path(q, k, v, ..., initial_state=None, output_final_state=False)
 
-* :func:`bidirectional_linear_attention`: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z;
+* :func:`bidirectional_linear_attention`: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z (the
+  model's FAVOR+ / FAVOR++ take fused_favor.py instead: the same product fused with the feature maps);
 * :func:`chunk_linear_attention` (causal; :class:`CausalLinearAttention`): the sequence is cut
   into chunks of C positions.  Inside a chunk the masked (Q'K'^T)V is a small dense product;
   across chunks the running state S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried by a loop over
