@@ -11,7 +11,7 @@ its own subprocess over increasing L, so the peak RSS read after each L is that 
     python benchmarks/attention.py            # full run, writes docs/benchmarks.md + PNGs
     python benchmarks/attention.py --quick    # L = 512..2048, a few minutes
     nice python benchmarks/attention.py --threads 2
-    python benchmarks/attention.py --speed    # causal fwd+bwd side by side with SDPA -> docs/attention_speed.md
+    python benchmarks/attention.py --speed    # fwd+bwd side by side with SDPA -> docs/attention_speed.md
 
 Methods: our kernels (softmax = FAVOR+, favor++, relu, trig, elu with r = head_dim), exact
 SDPA, and performer-pytorch 1.1.4 (``pip install performer-pytorch==1.1.4``, the optional
@@ -479,9 +479,25 @@ def parse_log(path: Path, args):
 SPEED_DOC = common.DOCS / "attention_speed.md"
 
 
+def _unfused_favor(fm, q, k, v):
+    """Bidirectional FAVOR+ as before fused_favor.py: feature maps, then the plain product, head group by
+    head group (linear.head_groups), autograd backward: the fused path's baseline."""
+    import torch
+
+    from protein_performer.attention import bidirectional_linear_attention
+    from protein_performer.attention.linear import head_groups
+    g = head_groups(q.shape[0], q.shape[1], q.shape[2], fm.num_features)
+    outs = []
+    for qg, kg, vg in zip(q.split(g, 1), k.split(g, 1), v.split(g, 1)):
+        kf, s = fm(kg, is_query=False)
+        outs.append(bidirectional_linear_attention(fm(qg, is_query=True), kf, vg, k_log_scale=s)[0])
+    return torch.cat(outs, dim=1)
+
+
 def speed_table(args) -> str:
-    """Causal forward+backward of FAVOR+ (r = --nb-features), elu+1 and exact SDPA, interleaved in one
-    process (rep by rep, so load drifts hit every method alike): medians and ratios to SDPA."""
+    """Forward+backward of FAVOR+ (r = --nb-features), elu+1 and exact SDPA, causal and bidirectional
+    (there also FAVOR+ without the fusion of fused_favor.py), interleaved in one process (rep by rep,
+    so load drifts hit every method alike): medians and ratios to SDPA."""
     import torch
 
     from protein_performer.attention import build_feature_map, kernel_attention
@@ -489,42 +505,54 @@ def speed_table(args) -> str:
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [2048, 4096]
     rows = []
-    for d in (32, 64):
-        fav = build_feature_map("softmax", d, args.nb_features, generator=torch.Generator().manual_seed(0))
-        elu = build_feature_map("elu", d)
-        methods = {"exact SDPA": None, f"FAVOR+ r={args.nb_features}": fav, "elu+1": elu}
-        for L in lengths:
-            g = torch.Generator().manual_seed(L)
-            q, k, v = ((torch.randn(args.batch, args.heads, L, d, generator=g) * (0.5 ** 0.5 if i < 2 else 1))
-                       .requires_grad_() for i in range(3))
-            go = torch.randn(args.batch, args.heads, L, d, generator=g)
+    for causal in (True, False):
+        mode = "causal" if causal else "bidirectional"
+        for d in (32, 64):
+            fav = build_feature_map("softmax", d, args.nb_features, generator=torch.Generator().manual_seed(0))
+            elu = build_feature_map("elu", d)
+            fa = f"FAVOR+ r={args.nb_features}"
+            methods = {"exact SDPA": lambda q, k, v: kernel_attention(None, q, k, v, causal=causal),
+                       fa: lambda q, k, v: kernel_attention(fav, q, k, v, causal=causal, chunk_size=args.chunk_size),
+                       "elu+1": lambda q, k, v: kernel_attention(elu, q, k, v, causal=causal, chunk_size=args.chunk_size)}
+            if not causal:
+                methods = {**dict(list(methods.items())[:2]), f"{fa} unfused": lambda q, k, v: _unfused_favor(fav, q, k, v),
+                           "elu+1": methods["elu+1"]}
+            for L in lengths:
+                g = torch.Generator().manual_seed(L)
+                q, k, v = ((torch.randn(args.batch, args.heads, L, d, generator=g) * (0.5 ** 0.5 if i < 2 else 1))
+                           .requires_grad_() for i in range(3))
+                go = torch.randn(args.batch, args.heads, L, d, generator=g)
 
-            def step(fm):
-                q.grad = k.grad = v.grad = None
-                torch.autograd.backward(kernel_attention(fm, q, k, v, causal=True, chunk_size=args.chunk_size), go)
-            times = {name: [] for name in methods}
-            for rep in range(args.reps + 1):  # the first round is the warm-up
-                for name, fm in methods.items():
-                    t = common.seconds(lambda: step(fm))
-                    if rep:
-                        times[name].append(t)
-            med = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
-            for name in methods:
-                rows.append([d, L, name, f"{med[name]:.3f}", f"{med[name] / med['exact SDPA']:.2f}"])
-                print(f"  head_dim {d} L={L} {name:14s} {med[name]:.3f} s  {med[name] / med['exact SDPA']:.2f}x SDPA",
-                      flush=True)
-    lines = ["# Causal attention speed: forward + backward against exact SDPA", "",
+                def step(f):
+                    q.grad = k.grad = v.grad = None
+                    torch.autograd.backward(f(q, k, v), go)
+                times = {name: [] for name in methods}
+                for rep in range(args.reps + 1):  # the first round is the warm-up
+                    for name, f in methods.items():
+                        t = common.seconds(lambda: step(f))
+                        if rep:
+                            times[name].append(t)
+                med = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+                for name in methods:
+                    rows.append([mode, d, L, name, f"{med[name]:.3f}", f"{med[name] / med['exact SDPA']:.2f}"])
+                    print(f"  {mode} head_dim {d} L={L} {name:22s} {med[name]:.3f} s  "
+                          f"{med[name] / med['exact SDPA']:.2f}x SDPA", flush=True)
+                if not causal:
+                    paired = sorted(b / a for a, b in zip(times[f"{fa} unfused"], times[fa]))
+                    rows[-3][-1] += f" (fused / unfused, paired median: {paired[len(paired) // 2]:.2f})"
+    lines = ["# Attention speed: forward + backward against exact SDPA", "",
              "Generated by `benchmarks/attention.py --speed` — do not edit by hand; rerun the script.", "",
              f"- command: `{args.command_line}` at commit {common.git_commit()}",
              f"- machine: {common.cpu()}, {os.cpu_count()} CPUs, {args.threads} thread(s), fp32; load average "
              f"{common.load_average()}",
-             f"- what is timed: feature maps + causal attention on given q, k, v (batch {args.batch}, {args.heads} heads; "
+             f"- what is timed: feature maps + attention on given q, k, v (batch {args.batch}, {args.heads} heads; "
              "no projections), forward + backward (gradient of sum(out * g) w.r.t. q, k, v); methods interleaved "
              f"rep by rep in one process, median of {args.reps} after a warm-up round; chunk size "
-             f"{args.chunk_size or 'default'}; q, k ~ N(0, 1/2), v ~ N(0, 1)",
-             "- ratio = time / exact SDPA's time in the same run (issue 19's goal for FAVOR+ at head dim 32, "
-             "r = 256, L = 4096: ≤ 0.5)", ""]
-    lines += common.md_table(["head dim", "L", "method", "seconds", "× SDPA"], rows)
+             f"{args.chunk_size or 'default'} (causal); q, k ~ N(0, 1/2), v ~ N(0, 1)",
+             "- ratio = time / exact SDPA's time in the same run (issue 19's goal for causal FAVOR+ at head dim 32, "
+             "r = 256, L = 4096: ≤ 0.5); bidirectional FAVOR+ runs fused with its feature maps (fused_favor.py), "
+             "the `unfused` row is the plain path it replaced (features, then the product), with the paired ratio", ""]
+    lines += common.md_table(["mode", "head dim", "L", "method", "seconds", "× SDPA"], rows)
     return "\n".join(lines)
 
 
@@ -545,7 +573,7 @@ def main() -> None:
     ap.add_argument("--chunk-size", type=int, default=128)
     ap.add_argument("--acc-length", type=int, default=1024)
     ap.add_argument("--no-accuracy", action="store_true")
-    ap.add_argument("--speed", action="store_true", help="only the causal fwd+bwd table against SDPA "
+    ap.add_argument("--speed", action="store_true", help="only the fwd+bwd table against SDPA, causal and bidirectional "
                     "(docs/attention_speed.md; --lengths default 2048,4096)")
     ap.add_argument("--from-log", type=Path, default=None,
                     help="rebuild the report and plots from the saved stdout of an earlier run")
