@@ -17,7 +17,7 @@ backward  queries: dS += q'^T g1, dx = ((g1 [S | Z]^T) * q') W with g1 = [g / de
 The maxima m_j and M are common factors of a key's features and of every query's numerator and
 normalizer, so treating them as constants gives the exact gradient (as in feature_maps.py).  The
 same numbers as the plain path up to rounding (tests/test_attention.py), about 0.75-0.8x its time
-forward + backward (head_dim 32, r = 256, L = 4,096-8,192, 8 heads; `benchmarks/attention.py`),
+forward + backward (head_dim 32, r = 256, L = 2,048-4,096, 8 heads; docs/attention_speed.md),
 and the backward keeps O(L d) per head instead of O(L r).  All arithmetic is float32 (float64
 stays float64) with autocast off; the output is returned in v's dtype.
 """
