@@ -89,6 +89,21 @@ class KeyFeatures(NamedTuple):
     log_scale: torch.Tensor | None = None
 
 
+def augment(x: torch.Tensor, b: torch.Tensor | None, c: float) -> torch.Tensor:
+    """[x, 1 (if b), -|x|^2 (if c)]: with :func:`augmented_weight`, the exponent x W^T + b - c |x|^2 of
+    the exponential features is one matmul (no separate passes for the bias and the norm term)."""
+    cols = [x] + ([torch.ones_like(x[..., :1])] if b is not None else []) + (
+        [-(x * x).sum(-1, keepdim=True)] if c else [])
+    return torch.cat(cols, -1) if len(cols) > 1 else x
+
+
+def augmented_weight(w: torch.Tensor, b: torch.Tensor | None, c: float) -> torch.Tensor:
+    """[W, b, c]^T, (K, r) or (H, K, r) for w (r, d) or (H, r, d), b (r,) or (H, 1, r): :func:`augment`'s partner."""
+    cols = [w] + ([b.transpose(-1, -2) if b.dim() > 1 else b[:, None]] if b is not None else []) + (
+        [torch.full_like(w[..., :1], c)] if c else [])
+    return (torch.cat(cols, -1) if len(cols) > 1 else w).transpose(-1, -2)
+
+
 class _ExpFeatures(torch.autograd.Function):
     """Stabilized exponential features in one pass over L x r: f = exp(u - max_r u), m = max_r u, with
     u = x W^T + b - c |x|^2 (c = 0 for queries) formed by one matmul of [x, 1, -|x|^2] with [W, b, c]
@@ -104,17 +119,7 @@ class _ExpFeatures(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, c, query=False):
         # x (..., d), w (r, d) or (H, r, d), b (r,) or (H, 1, r) or None, c a float
-        cols = [x]
-        wcols = [w]
-        if b is not None:
-            cols.append(torch.ones_like(x[..., :1]))
-            wcols.append(b.transpose(-1, -2) if b.dim() > 1 else b[:, None])
-        if c:
-            cols.append(-(x * x).sum(-1, keepdim=True))
-            wcols.append(torch.full_like(w[..., :1], c))
-        xa = torch.cat(cols, -1) if len(cols) > 1 else x
-        wa = torch.cat(wcols, -1) if len(wcols) > 1 else w
-        u = torch.matmul(xa, wa.transpose(-1, -2))
+        u = torch.matmul(augment(x, b, c), augmented_weight(w, b, c))
         ctx.c = c
         if query:
             f = torch.softmax(u, -1)

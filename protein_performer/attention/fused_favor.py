@@ -25,24 +25,12 @@ from __future__ import annotations
 
 import torch
 
+from .feature_maps import augment, augmented_weight
+
 #: bytes of one block's features (rows x T x r): T is chosen so that a block stays near the cache
 #: (8 heads, r = 256, L = 8,192, 2 threads: 0.25 MiB blocks 1.0x the plain path's time, 1 MiB 0.83x,
 #: 4 MiB 0.73-0.78x, 16 MiB 0.88x)
 BLOCK_BYTES = 4 * 2 ** 20
-
-
-def _augment(x: torch.Tensor, b, c: float) -> torch.Tensor:
-    """[x, 1 (if b), -|x|^2 (if c)]: the exponent is one matmul (as feature_maps._ExpFeatures)."""
-    cols = [x] + ([torch.ones_like(x[..., :1])] if b is not None else []) + (
-        [-(x * x).sum(-1, keepdim=True)] if c else [])
-    return torch.cat(cols, -1) if len(cols) > 1 else x
-
-
-def _augmented_weight(w: torch.Tensor, b, c: float) -> torch.Tensor:
-    """[W, b, c]^T (K, r) or (G, K, r), matching :func:`_augment`."""
-    cols = [w] + ([b.transpose(-1, -2) if b.dim() > 1 else b[:, None]] if b is not None else []) + (
-        [torch.full_like(w[..., :1], c)] if c else [])
-    return (torch.cat(cols, -1) if len(cols) > 1 else w).transpose(-1, -2)
 
 
 def _blocks(L: int, T: int):
@@ -58,7 +46,7 @@ class FusedFavorAttention(torch.autograd.Function):
     def forward(ctx, xq, xk, v, w, b, c, valid, eps):
         G, L, _ = xq.shape
         T = max(16, BLOCK_BYTES // (xq.element_size() * G * w.shape[-2]))
-        wq, wk = _augmented_weight(w, b, 0.0), _augmented_weight(w, b, c)
+        wq, wk = augmented_weight(w, b, 0.0), augmented_weight(w, b, c)
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)
         lowest = torch.finfo(xq.dtype).min
         if valid is not None:  # a padded key counts nowhere, whatever its values
@@ -68,7 +56,7 @@ class FusedFavorAttention(torch.autograd.Function):
         M = xq.new_full((G, 1), lowest)
         m_all = xq.new_empty(G, L)
         for a, z in _blocks(L, T):
-            u = torch.matmul(_augment(xk[:, a:z], b, c), wk)
+            u = torch.matmul(augment(xk[:, a:z], b, c), wk)
             m = u.amax(-1)
             m_all[:, a:z] = m if valid is None else m.masked_fill(~valid[:, a:z], lowest)
             M_new = torch.maximum(M, m_all[:, a:z].amax(-1, keepdim=True))
@@ -78,7 +66,7 @@ class FusedFavorAttention(torch.autograd.Function):
             SZ.baddbmm_(f.transpose(1, 2), v1[:, a:z] * torch.exp(m_all[:, a:z] - M).unsqueeze(-1))
         out, den = torch.empty_like(v), xq.new_empty(G, L, 1)
         for a, z in _blocks(L, T):
-            nd = torch.bmm(torch.softmax(torch.matmul(_augment(xq[:, a:z], b, 0.0), wq), -1), SZ)
+            nd = torch.bmm(torch.softmax(torch.matmul(augment(xq[:, a:z], b, 0.0), wq), -1), SZ)
             den[:, a:z] = nd[..., -1:]
             torch.div(nd[..., :-1], nd[..., -1:].clamp_min(eps), out=out[:, a:z])
         ctx.save_for_backward(xq, xk, v1, w, b, SZ, M, m_all, out, den, valid)
@@ -95,19 +83,19 @@ class FusedFavorAttention(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, g, xq, xk, v1, w, b, SZ, M, m_all, out, den, valid):
         c, T, L = ctx.c, ctx.T, xq.shape[1]
-        wq, wk = _augmented_weight(w, b, 0.0), _augmented_weight(w, b, c)
+        wq, wk = augmented_weight(w, b, 0.0), augmented_weight(w, b, c)
         den_c = den.clamp_min(ctx.eps)
         g_den = (-(g * out).sum(-1, keepdim=True) / den_c).masked_fill_(den_c > den, 0.0)
         g1 = torch.cat([g / den_c, g_den], -1)
         dSZ, dxq = torch.zeros_like(SZ), torch.empty_like(xq)
         for a, z in _blocks(L, T):
-            qf = torch.softmax(torch.matmul(_augment(xq[:, a:z], b, 0.0), wq), -1)
+            qf = torch.softmax(torch.matmul(augment(xq[:, a:z], b, 0.0), wq), -1)
             dSZ.baddbmm_(qf.transpose(1, 2), g1[:, a:z])
             dxq[:, a:z] = torch.matmul(torch.bmm(g1[:, a:z], SZ.transpose(1, 2)).mul_(qf), w)
         dxk, dv = torch.empty_like(xk), torch.empty_like(v1[..., :-1])
         for a, z in _blocks(L, T):
             x = xk[:, a:z]
-            u = torch.matmul(_augment(x, b, c), wk)
+            u = torch.matmul(augment(x, b, c), wk)
             f = u.sub_(u.amax(-1, keepdim=True)).exp_()        # the forward's f: m is the same row maximum
             scale = torch.exp(m_all[:, a:z] - M).unsqueeze(-1)
             if valid is not None:  # 0 for padded keys, even in a row of padding only
