@@ -354,13 +354,15 @@ def test_module_steps_several_tokens_at_once(kernel):
             torch.testing.assert_close(st[key], one[key], rtol=1e-10, atol=1e-12)
 
 
-# --------------------------------------------------------------------------- fused bidirectional FAVOR
+# --------------------------------------------------------------------------- fused FAVOR (fused_favor.py)
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kernel", ["softmax", "favor++"])
-def test_fused_bidirectional_favor_matches_naive(kernel, monkeypatch):
-    """The fused path (fused_favor.py: features formed block by block, recomputed in the backward)
-    against the quadratic formula on the raw, unstabilized features: outputs and gradients, with
-    padding, keys whose norms differ by orders of magnitude (the running maximum grows from block to
-    block) and 16-row blocks (so 5 blocks per row and a short last one)."""
+def test_fused_favor_matches_naive(kernel, causal, monkeypatch):
+    """The fused paths (fused_favor.py: features formed block by block; bidirectional: recomputed in
+    the backward; causal: their gradients folded into the chunked backward) against the quadratic
+    formula on the raw, unstabilized features: outputs and gradients, with padding, keys whose norms
+    differ by orders of magnitude (the running maximum grows from block to block), 16-row blocks
+    (so 5 blocks per row and a short last one) and, causal, 16-position chunks."""
     from protein_performer.attention import fused_favor
     monkeypatch.setattr(fused_favor, "BLOCK_BYTES", 1)
     H, L, d = 3, 70, 8
@@ -373,8 +375,9 @@ def test_fused_bidirectional_favor_matches_naive(kernel, monkeypatch):
     v = _normal(2, H, L, 5, seed=42).requires_grad_()
     mask = torch.zeros(2, L, dtype=torch.bool)
     mask[1, 50:] = True
-    out = kernel_attention(fm, q, k, v, causal=False, key_padding_mask=mask)
-    ref = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, key_padding_mask=mask)
+    out = kernel_attention(fm, q, k, v, causal=causal, key_padding_mask=mask, chunk_size=16)
+    ref = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, causal=causal,
+                                 key_padding_mask=mask)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-12)
     go = _normal(2, H, L, 5, seed=43)
     grads = torch.autograd.grad(out, (q, k, v), go)
@@ -385,19 +388,21 @@ def test_fused_bidirectional_favor_matches_naive(kernel, monkeypatch):
     assert grads[0].abs().max() > 1e-3 and grads[1].abs().max() > 1e-3  # not trivially zero
 
 
-def test_fused_bidirectional_favor_gradcheck(monkeypatch):
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_favor_gradcheck(causal, monkeypatch):
     from protein_performer.attention import fused_favor
     monkeypatch.setattr(fused_favor, "BLOCK_BYTES", 1)
     fm = FavorPlus(4, 8, generator=torch.Generator().manual_seed(6)).double()
     q, k, v = (_normal(1, 2, 21, w, seed=44 + i).requires_grad_() for i, w in enumerate((4, 4, 3)))
-    assert torch.autograd.gradcheck(lambda q, k, v: kernel_attention(fm, q, k, v), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: kernel_attention(fm, q, k, v, causal, chunk_size=8), (q, k, v))
 
 
-def test_fused_bidirectional_favor_float32_matches_float64():
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_favor_float32_matches_float64(causal):
     """float32 inputs (the training dtype) against the float64 fused path at realistic norms."""
     fm = FavorPlus(32, 256, generator=torch.Generator().manual_seed(7))
     q, k, v = _normal(2, 4, 600, 32, seed=47), _normal(2, 4, 600, 32, seed=48), _normal(2, 4, 600, 32, seed=49)
-    ref = kernel_attention(fm.double(), q, k, v)
-    out = kernel_attention(fm.float(), q.float(), k.float(), v.float())
+    ref = kernel_attention(fm.double(), q, k, v, causal)
+    out = kernel_attention(fm.float(), q.float(), k.float(), v.float(), causal)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)

@@ -9,7 +9,7 @@ Public API:
     softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
     Attention(dim, heads, kernel="softmax", ...)   the module the model uses
     kernel_attention(feature_map, q, k, v, ...)    raw q, k -> features -> attention
-    fused_favor.fused_favor_attention              bidirectional FAVOR+ / FAVOR++ fused with the feature maps
+    fused_favor.fused_favor_attention              FAVOR+ / FAVOR++ fused with the feature maps (both modes)
     FavorPlus, FavorPlusPlus, TrigFeatures, ReluFeatures, EluFeatures, HedgehogFeatures,
     build_feature_map, distill (fit a learnable map to exact attention)
     naive.*                                        quadratic references (tests only)

@@ -1,11 +1,13 @@
-r"""Bidirectional attention through exponential random features (FAVOR+, FAVOR++), fused with the
-feature maps and computed block by block over L.
+r"""Attention through exponential random features (FAVOR+, FAVOR++), fused with the feature maps.
 
-The plain path (feature_maps.py, then :func:`~protein_performer.attention.linear.bidirectional_linear_attention`)
-forms the L x r query and key features, keeps them for the backward and makes several passes over
-them (the map, its stabilizer, the products, and in the backward du = g * f).  Here a block of T
-positions at a time goes through the whole chain while its T x r features stay in cache, and the
-backward recomputes them from the narrow inputs (width d) instead of reading stored ones:
+The plain path (feature_maps.py, then linear.py) forms the L x r query and key features, keeps them
+for the backward and makes several passes over them (the map, its stabilizer, the products, and in
+the backward du = g * f, dx = du W over the whole L x r gradient).  Here the features are formed
+block by block while a block stays in cache, and their gradients never exist as L x r tensors.
+
+Bidirectional (:class:`FusedFavorAttention`): a block of T positions at a time goes through the
+whole chain, and the backward recomputes the features from the narrow inputs (width d) instead
+of reading stored ones:
 
 forward   keys:    u = [x, 1, -|x|^2] [W, b, c]^T, m_j = max_r u_j, f = exp(u - m);
                    [S | Z] += f^T ([v, 1] exp(m - M)), the running maximum M of the m_j (when it
@@ -14,18 +16,26 @@ forward   keys:    u = [x, 1, -|x|^2] [W, b, c]^T, m_j = max_r u_j, f = exp(u - 
 backward  queries: dS += q'^T g1, dx = ((g1 [S | Z]^T) * q') W with g1 = [g / den, -(g . out) / den];
           keys:    du = (([v, 1] exp(m - M)) dS^T) * f, dx = du W - 2 c (sum_r du) x,
                    dv = (f dS) exp(m - M).
+
+Causal (:class:`CausalFavorAttention`): the features are formed block by block and kept (the
+chunked backward reads them twice), the product is linear.py's chunked one, and the backward
+hands each chunk's dq', dk' (C x r, still in cache) straight to the feature maps' backward
+(softmax's for queries, du = dk' * f for keys) and on through W, so only the d-wide dx is written.
+
 The maxima m_j and M are common factors of a key's features and of every query's numerator and
 normalizer, so treating them as constants gives the exact gradient (as in feature_maps.py).  The
-same numbers as the plain path up to rounding (tests/test_attention.py), about 0.75-0.8x its time
-forward + backward (head_dim 32, r = 256, L = 2,048-4,096, 8 heads; docs/attention_speed.md),
-and the backward keeps O(L d) per head instead of O(L r).  All arithmetic is float32 (float64
-stays float64) with autocast off; the output is returned in v's dtype.
+same numbers as the plain path up to rounding (tests/test_attention.py); forward + backward in
+about 0.75-0.8x its time bidirectional and 0.8x causal (head_dim 32, r = 256, L = 2,048-4,096,
+8 heads; docs/attention_speed.md); the bidirectional backward keeps O(L d) per head instead of
+O(L r).  All arithmetic is float32 (float64 stays float64) with autocast off; the output is
+returned in v's dtype.
 """
 from __future__ import annotations
 
 import torch
 
 from .feature_maps import augment, augmented_weight
+from .linear import DEFAULT_CHUNK_SIZE, _Scales, _with_ones, causal_backward, causal_forward
 
 #: bytes of one block's features (rows x T x r): T is chosen so that a block stays near the cache
 #: (8 heads, r = 256, L = 8,192, 2 threads: 0.25 MiB blocks 1.0x the plain path's time, 1 MiB 0.83x,
@@ -109,11 +119,76 @@ class FusedFavorAttention(torch.autograd.Function):
         return dxq, dxk, dv, None, None, None, None, None
 
 
+class CausalFavorAttention(torch.autograd.Function):
+    """Causal FAVOR+ / FAVOR++ of raw xq, xk (G, L, d), v (G, L, e): arguments as
+    :class:`FusedFavorAttention`, and the chunk length C.  Saves the features (as the plain path
+    does), the chunks' scores and decays (linear.py); gradients for xq, xk and v."""
+
+    @staticmethod
+    def forward(ctx, xq, xk, v, w, b, c, valid, eps, C):
+        wq, wk = augmented_weight(w, b, 0.0), augmented_weight(w, b, c)
+        if valid is not None:  # a padded key counts nowhere, whatever its values
+            xk = xk.masked_fill(~valid.unsqueeze(-1), 0.0)
+            v = v.masked_fill(~valid.unsqueeze(-1), 0.0)
+        G, L, r = xq.shape[0], xq.shape[1], wq.shape[-1]
+        T = max(16, BLOCK_BYTES // (xq.element_size() * G * r))
+        qf, kf, s = xq.new_empty(G, L, r), xq.new_empty(G, L, r), xq.new_empty(G, L)
+        for a, z in _blocks(L, T):
+            torch.softmax(torch.matmul(augment(xq[:, a:z], b, 0.0), wq), -1, out=qf[:, a:z])
+            u = torch.matmul(augment(xk[:, a:z], b, c), wk)
+            torch.amax(u, -1, out=s[:, a:z])
+            torch.exp(u.sub_(s[:, a:z].unsqueeze(-1)), out=kf[:, a:z])
+        if valid is not None:
+            kf.masked_fill_(~valid.unsqueeze(-1), 0.0)
+            s = s.masked_fill(~valid, torch.finfo(s.dtype).min)
+        C = max(1, min(int(C), L))
+        S0 = xq.new_zeros(G, r, v.shape[-1] + 1)
+        sc = _Scales(s, None, C)
+        nd, scores, _ = causal_forward(qf, kf, _with_ones(v), sc, C, S0)
+        den = nd[..., -1:]
+        den_c = den.clamp_min(eps)
+        out = nd[..., :-1] / den_c
+        ctx.save_for_backward(xk, v, w, qf, kf, s, out, den_c, den_c > den, valid)
+        ctx.c, ctx.C, ctx.scores, ctx.sc = c, C, scores, sc
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        xk, v, w, qf, kf, s, out, den_c, clamped, valid = ctx.saved_tensors
+        c, C = ctx.c, ctx.C
+        with torch.autocast(xk.device.type, enabled=False):
+            g = g.to(xk.dtype)
+            g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
+            dxq, dxk = qf.new_empty(*qf.shape[:2], w.shape[-1]), torch.empty_like(xk)
+
+            def on_dq(a, z, x):  # x = dL/dq' of the chunk: softmax's backward, then the projection's
+                f = qf[:, a:z]
+                x.mul_(f)
+                dxq[:, a:z] = torch.matmul(x.addcmul_(f, x.sum(-1, keepdim=True), value=-1.0), w)
+
+            def on_dk(a, z, x):  # x = dL/dk' of the chunk: f = exp(u - s), s a constant
+                du = x.mul_(kf[:, a:z])
+                dx = torch.matmul(du, w)
+                if c:
+                    dx.addcmul_(du.sum(-1, keepdim=True), xk[:, a:z], value=-2 * c)
+                dxk[:, a:z] = dx
+
+            S0 = qf.new_zeros(qf.shape[0], qf.shape[-1], v.shape[-1] + 1)
+            _, _, dv, _, _ = causal_backward(qf, kf, _with_ones(v), torch.cat([g / den_c, g_den], -1), ctx.scores,
+                                             ctx.sc, C, S0, None, on_dq=on_dq, on_dk=on_dk)
+            if valid is not None:
+                dv = dv.masked_fill(~valid.unsqueeze(-1), 0.0)
+        return dxq, dxk, dv, None, None, None, None, None, None
+
+
 def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          key_padding_mask: torch.Tensor | None = None, eps: float | None = None) -> torch.Tensor:
-    """Bidirectional attention of raw (rotated) q, k (B, H, L, d) and v (B, H, L, e) through the
-    exponential features whose exponent is ``exponent(dtype) -> (w, b, c)`` (FavorPlus.exponent);
-    key_padding_mask (B, L), True = padding.  Returns (B, H, L, e) in v's dtype."""
+                          key_padding_mask: torch.Tensor | None = None, eps: float | None = None,
+                          causal: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """Attention of raw (rotated) q, k (B, H, L, d) and v (B, H, L, e) through the exponential
+    features whose exponent is ``exponent(dtype) -> (w, b, c)`` (FavorPlus.exponent);
+    key_padding_mask (B, L), True = padding; causal: chunks of ``chunk_size`` positions
+    (:class:`CausalFavorAttention`).  Returns (B, H, L, e) in v's dtype."""
     B, H, L, d = q.shape
     G = B * H
     with torch.autocast(q.device.type, enabled=False):
@@ -123,7 +198,7 @@ def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.T
             w = w.expand(B, *w.shape).reshape(G, *w.shape[1:])
             b = b.expand(B, *b.shape).reshape(G, *b.shape[1:])
         valid = None if key_padding_mask is None else (~key_padding_mask.bool())[:, None].expand(B, H, L).reshape(G, L)
-        out = FusedFavorAttention.apply(q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d),
-                                        v.to(dtype).reshape(G, L, v.shape[-1]), w, b, c, valid,
-                                        torch.finfo(dtype).tiny if eps is None else eps)
+        args = (q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d), v.to(dtype).reshape(G, L, v.shape[-1]),
+                w, b, c, valid, torch.finfo(dtype).tiny if eps is None else eps)
+        out = CausalFavorAttention.apply(*args, chunk_size) if causal else FusedFavorAttention.apply(*args)
     return out.view(B, H, L, -1).to(v.dtype)

@@ -51,8 +51,9 @@ def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     through fused_favor.py, the feature maps fused with the products)."""
     if feature_map is None:
         return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
-    if not causal and isinstance(feature_map, FavorPlus):
-        return fused_favor_attention(feature_map.exponent, q, k, v, key_padding_mask, feature_map.normalizer_eps)
+    if isinstance(feature_map, FavorPlus) and not (causal and backend == "fla"):
+        return fused_favor_attention(feature_map.exponent, q, k, v, key_padding_mask, feature_map.normalizer_eps,
+                                     causal, chunk_size or DEFAULT_CHUNK_SIZE)
     if causal and backend == "fla":
         qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
         floor = feature_map.normalizer_floor(k, causal, key_padding_mask)

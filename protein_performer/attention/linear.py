@@ -6,7 +6,8 @@ Three paths, one signature (as flash-linear-attention's ops have it)::
 
 * :func:`bidirectional_linear_attention`: S = K'^T V (r x d), Z = K'^T 1, out = Q'S / Q'Z (the
   model's FAVOR+ / FAVOR++ take fused_favor.py instead: the same product fused with the feature maps);
-* :func:`chunk_linear_attention` (causal; :class:`CausalLinearAttention`): the sequence is cut
+* :func:`chunk_linear_attention` (causal; :class:`CausalLinearAttention`; the model's FAVOR+ / FAVOR++
+  run its :func:`causal_forward` / :func:`causal_backward` through fused_favor.py): the sequence is cut
   into chunks of C positions.  Inside a chunk the masked (Q'K'^T)V is a small dense product;
   across chunks the running state S = sum_j k'_j v_j^T, Z = sum_j k'_j is carried by a loop over
   chunks that works on all (batch x head) rows at once: each step touches C x r values per row,
@@ -104,9 +105,13 @@ class _Scales:
         self.k = torch.exp(s - per_pos(m_end)).unsqueeze(-1)
         self.carry = torch.exp(m_prev - m_end)[..., None, None]             # (G, N, 1, 1)
         self.m_final = m_end[:, -1]
+        self._decay = {}
 
     def decay(self, a: int, b: int, upper: torch.Tensor) -> torch.Tensor:
-        return (self.s[:, None, a:b] - self.M[:, a:b, None]).masked_fill_(upper, float("-inf")).exp_()
+        """The chunk's decay, formed once and kept (G x C per position): the backward reuses the forward's."""
+        if a not in self._decay:
+            self._decay[a] = (self.s[:, None, a:b] - self.M[:, a:b, None]).masked_fill_(upper, float("-inf")).exp_()
+        return self._decay[a]
 
 
 def _chunk_scores(x, y, sc, a, b, upper):
@@ -163,28 +168,38 @@ def causal_forward(q, k, v1, sc: _Scales | None, C: int, S: torch.Tensor):
     return out, scores, S
 
 
-def causal_backward(q, k, v1, g1, scores, sc: _Scales | None, C: int, S0, dS_final, need_ds: bool = False):
+def causal_backward(q, k, v1, g1, scores, sc: _Scales | None, C: int, S0, dS_final, need_ds: bool = False,
+                    on_dq=None, on_dk=None):
     """Gradients of causal_forward's [num, den] w.r.t. q, k, v, the initial state and (need_ds) the
     key log-scales (else None), given g1 = [g_num, g_den] (G, L, e + 1) and the final state's
     gradient (or None).  Key j enters as exp(s_j) k_j (x) [v_j, 1], so its scale may as well sit on
     [v_j, 1]: ds_j = dv1_j . [v_j, 1] with dv1 the gradient of the whole row [v_j, 1] (width e + 1,
-    not a pass over the r-wide dk_j . k_j)."""
+    not a pass over the r-wide dk_j . k_j).  on_dq / on_dk (a, b, chunk): where each chunk's dq, dk
+    (G, b - a, r) go (default: into L x r tensors; fused_favor.py takes them through the feature maps'
+    backward while they are in cache; then dq / dk come back None)."""
     L, e = q.shape[1], v1.shape[-1] - 1
     upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu_(1)
     kv1 = v1 if sc is None else v1 * sc.k
     g1q = g1 if sc is None else g1 * sc.q
-    dq, dk, dv1 = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v1)
+    dq = dk = None
+    if on_dq is None:
+        dq = torch.empty_like(q)
+        on_dq = lambda a, b, x: dq[:, a:b].copy_(x)                     # noqa: E731
+    if on_dk is None:
+        dk = torch.empty_like(k)
+        on_dk = lambda a, b, x: dk[:, a:b].copy_(x)                     # noqa: E731
+    dv1 = torch.empty_like(v1)
     spans, Mx, S = _spans(L, C), [], S0.clone()                         # Mx: decay_ij (g1_i . v1_j)
     buf, nbuf = _chunk_buffer(q, C), _chunk_buffer(v1, C)
     for n, a, b in spans:
         kc = k[:, a:b]
         Mx.append(_chunk_scores(g1[:, a:b], v1[:, a:b], sc, a, b, upper[:b - a, :b - a]))
-        dq[:, a:b] = torch.bmm(Mx[-1], kc, out=buf[:, :b - a]).baddbmm_(g1q[:, a:b], S.transpose(1, 2))
+        on_dq(a, b, torch.bmm(Mx[-1], kc, out=buf[:, :b - a]).baddbmm_(g1q[:, a:b], S.transpose(1, 2)))
         S = _carry(S, sc, n).baddbmm_(kc.transpose(1, 2), kv1[:, a:b])
     R = torch.zeros_like(S0) if dS_final is None else dS_final.to(S0.dtype, copy=True)
     for n, a, b in reversed(spans):
         qc, kc = q[:, a:b], k[:, a:b]
-        dk[:, a:b] = torch.bmm(Mx[n].transpose(1, 2), qc, out=buf[:, :b - a]).baddbmm_(kv1[:, a:b], R.transpose(1, 2))
+        on_dk(a, b, torch.bmm(Mx[n].transpose(1, 2), qc, out=buf[:, :b - a]).baddbmm_(kv1[:, a:b], R.transpose(1, 2)))
         o = torch.bmm(kc, R, out=nbuf[:, :b - a])
         if sc is not None:
             o.mul_(sc.k[:, a:b])
