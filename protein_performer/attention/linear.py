@@ -235,7 +235,7 @@ class CausalLinearAttention(torch.autograd.Function):
         ctx.mark_non_differentiable(m)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, scale, out, den_c, den_c > den, S0_, m0)
-        ctx.chunk_size, ctx.scores = C, scores
+        ctx.chunk_size, ctx.scores, ctx.sc = C, scores, sc              # sc: the chunks' decays, reused
         return out, S, m
 
     @staticmethod
@@ -249,7 +249,7 @@ class CausalLinearAttention(torch.autograd.Function):
             g_num = g / den_c
             # a zero gradient contributes zero even where the output is infinite (no 0 * inf)
             g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
-            sc = None if scale is None else _Scales(scale, m0, ctx.chunk_size)
+            sc = ctx.sc
             # key j enters as k_j exp(s_j) (the running maxima cancel): dL/ds_j = sum_r dL/dk_jr k_jr
             dq, dk, dv, dS0, ds = causal_backward(q, k, _with_ones(v), torch.cat([g_num, g_den], dim=-1), scores,
                                                   sc, ctx.chunk_size, S0, dS, need_ds=need[3])
