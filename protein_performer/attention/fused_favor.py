@@ -25,8 +25,8 @@ hands each chunk's dq', dk' (C x r, still in cache) straight to the feature maps
 The maxima m_j and M are common factors of a key's features and of every query's numerator and
 normalizer, so treating them as constants gives the exact gradient (as in feature_maps.py).  The
 same numbers as the plain path up to rounding (tests/test_attention.py); forward + backward in
-about 0.75-0.8x its time bidirectional and 0.8x causal (head_dim 32, r = 256, L = 2,048-4,096,
-8 heads; docs/attention_speed.md); the bidirectional backward keeps O(L d) per head instead of
+0.82-0.93x its time causal, 0.84-0.87x bidirectional (r = 256, L = 2,048-4,096, 8 heads, head_dim
+32 and 64; docs/attention_speed.md); the bidirectional backward keeps O(L d) per head instead of
 O(L r).  All arithmetic is float32 (float64 stays float64) with autocast off; the output is
 returned in v's dtype.
 """
