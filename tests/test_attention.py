@@ -365,6 +365,7 @@ def test_fused_favor_matches_naive(kernel, causal, monkeypatch):
     (so 5 blocks per row and a short last one) and, causal, 16-position chunks."""
     from protein_performer.attention import fused_favor
     monkeypatch.setattr(fused_favor, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(fused_favor, "CHUNK_BYTES", 1)  # causal: the requested 64 halves to 16
     H, L, d = 3, 70, 8
     fm = build_feature_map(kernel, d, 24, generator=torch.Generator().manual_seed(5), heads=H).double()
     if kernel == "favor++":
@@ -375,7 +376,7 @@ def test_fused_favor_matches_naive(kernel, causal, monkeypatch):
     v = _normal(2, H, L, 5, seed=42).requires_grad_()
     mask = torch.zeros(2, L, dtype=torch.bool)
     mask[1, 50:] = True
-    out = kernel_attention(fm, q, k, v, causal=causal, key_padding_mask=mask, chunk_size=16)
+    out = kernel_attention(fm, q, k, v, causal=causal, key_padding_mask=mask, chunk_size=64)
     ref = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, causal=causal,
                                  key_padding_mask=mask)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-12)
@@ -386,6 +387,16 @@ def test_fused_favor_matches_naive(kernel, causal, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
     assert grads[1][1, :, 50:].abs().max() == 0 and grads[2][1, :, 50:].abs().max() == 0  # padded keys
     assert grads[0].abs().max() > 1e-3 and grads[1].abs().max() > 1e-3  # not trivially zero
+
+
+def test_causal_chunk_shrinks_to_fit_its_tiles():
+    """rows x C x r float32 values within CHUNK_BYTES (2 MiB = 524,288 values), halving, not below 16."""
+    from protein_performer.attention.fused_favor import chunk_length
+    assert chunk_length(8, 256, 64) == 64            # 131,072 values: fits
+    assert chunk_length(64, 256, 64) == 32           # 1,048,576 at 64; 524,288 at 32
+    assert chunk_length(64, 256, 64, itemsize=8) == 16
+    assert chunk_length(10_000, 256, 128) == 16      # the floor
+    assert chunk_length(32, 256, 64) == 64 and chunk_length(33, 256, 64) == 32
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -43,6 +43,20 @@ from .linear import DEFAULT_CHUNK_SIZE, _Scales, _with_ones, causal_backward, ca
 BLOCK_BYTES = 4 * 2 ** 20
 
 
+#: bytes of one chunk's r-wide tiles (rows x C x r) in the causal path: with many rows (batch x heads)
+#: the chunk is shortened until they fit, halving from the requested length down to 16 (r = 256, 2 threads,
+#: paired, 11 reps: 8 x 8 heads x 1,024, 64 rows: chunk 32 0.84x chunk 64's time; 1 x 8 x 8,192, 8 rows:
+#: chunk 64, which fits, 0.94x chunk 32's)
+CHUNK_BYTES = 2 * 2 ** 20
+
+
+def chunk_length(rows: int, r: int, C: int, itemsize: int = 4) -> int:
+    """The causal path's chunk: C, halved (not below 16) while rows x C x r values exceed :data:`CHUNK_BYTES`."""
+    while C > 16 and rows * C * r * itemsize > CHUNK_BYTES:
+        C //= 2
+    return C
+
+
 def _blocks(L: int, T: int):
     return [(a, min(a + T, L)) for a in range(0, L, T)]
 
@@ -141,7 +155,7 @@ class CausalFavorAttention(torch.autograd.Function):
         if valid is not None:
             kf.masked_fill_(~valid.unsqueeze(-1), 0.0)
             s = s.masked_fill(~valid, torch.finfo(s.dtype).min)
-        C = max(1, min(int(C), L))
+        C = max(1, min(chunk_length(G, r, int(C), xq.element_size()), L))
         S0 = xq.new_zeros(G, r, v.shape[-1] + 1)
         sc = _Scales(s, None, C)
         nd, scores, _ = causal_forward(qf, kf, _with_ones(v), sc, C, S0)

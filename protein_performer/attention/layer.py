@@ -78,7 +78,8 @@ class Attention(nn.Module):
         kernel: "softmax" (FAVOR+ positive random features), "favor++" (OPRF), "relu",
             "trig", "elu" (elu+1, r = head_dim), "hedgehog" (learned softmax mimic) or "exact" (SDPA).
         nb_features: features r for softmax/favor++/relu/trig/hedgehog.
-        chunk_size: chunk length of the causal linear path.
+        chunk_size: chunk length of the causal linear path (FAVOR+ / FAVOR++: the longest; halved
+            while batch x heads x chunk x r values exceed fused_favor.CHUNK_BYTES).
         redraw_interval: redraw the projection every this many training forward calls
             (0/None: never).
         causal: autoregressive masking.  dropout: attention-probability dropout for "exact",
