@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from protein_performer.attention import (KERNELS, Attention, CausalLinearAttention, FavorPlus, FavorPlusPlus,
+from protein_performer.attention import (KERNELS, Attention, CausalLinearAttention, FavorPlus,
                                          bidirectional_linear_attention, build_feature_map, chunk_linear_attention,
                                          init_linear_state, kernel_attention, linear_attention,
                                          recurrent_linear_attention, softmax_attention_sdpa)
