@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .feature_maps import augment, augmented_weight
-from .linear import DEFAULT_CHUNK_SIZE, _Scales, _with_ones, causal_backward, causal_forward
+from .linear import DEFAULT_CHUNK_SIZE, _Scales, _with_ones, causal_backward, causal_forward, output_grad
 
 #: bytes of one block's features (rows x T x r): T is chosen so that a block stays near the cache
 #: (8 heads, r = 256, L = 8,192, 2 threads: 0.25 MiB blocks 1.0x the plain path's time, 1 MiB 0.83x,
@@ -173,13 +173,11 @@ class CausalFavorAttention(torch.autograd.Function):
         c, C = ctx.c, ctx.C
         with torch.autocast(xk.device.type, enabled=False):
             g = g.to(xk.dtype)
-            g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
             dxq, dxk = qf.new_empty(*qf.shape[:2], w.shape[-1]), torch.empty_like(xk)
 
-            def on_dq(a, z, x):  # x = dL/dq' of the chunk: softmax's backward, then the projection's
-                f = qf[:, a:z]
-                x.mul_(f)
-                dxq[:, a:z] = torch.matmul(x.addcmul_(f, x.sum(-1, keepdim=True), value=-1.0), w)
+            def on_dq(a, z, x):  # x = dL/dq' of the chunk; q' = softmax_r(u), but the output does not
+                # change with a query's scale, so x . q' = 0 and softmax's backward is du = x * q' (as above)
+                dxq[:, a:z] = torch.matmul(x.mul_(qf[:, a:z]), w)
 
             def on_dk(a, z, x):  # x = dL/dk' of the chunk: f = exp(u - s), s a constant
                 du = x.mul_(kf[:, a:z])
@@ -189,7 +187,7 @@ class CausalFavorAttention(torch.autograd.Function):
                 dxk[:, a:z] = dx
 
             S0 = qf.new_zeros(qf.shape[0], qf.shape[-1], v.shape[-1] + 1)
-            _, _, dv, _, _ = causal_backward(qf, kf, _with_ones(v), torch.cat([g / den_c, g_den], -1), ctx.scores,
+            _, _, dv, _, _ = causal_backward(qf, kf, _with_ones(v), output_grad(g, out, den_c, clamped), ctx.scores,
                                              ctx.sc, C, S0, None, on_dq=on_dq, on_dk=on_dk)
             if valid is not None:
                 dv = dv.masked_fill(~valid.unsqueeze(-1), 0.0)

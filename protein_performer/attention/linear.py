@@ -66,8 +66,8 @@ LinearState = tuple  # (S (B, H, r, d), Z (B, H, r), m (B, H, 1))
 #: feature bytes (batch x heads x L x r x 4) one head group may hold: attention runs group by group
 #: so that its L x r tensors are reused from the allocator's heap and stay near the cache (fresh
 #: tensors of >= 32 MiB are mmapped and page-faulted on every call: measured ~3x slower per pass;
-#: causal FAVOR+ fwd+bwd at head dim 32, r = 256, L = 4096, 1 thread: 8 heads at once 0.378 s, groups of
-#: 4 heads (this value) 0.298 s, of 1 head 0.340 s)
+#: causal FAVOR+ fwd+bwd on this plain path, before fused_favor.py took FAVOR+ over, at head dim 32,
+#: r = 256, L = 4096, 1 thread: 8 heads at once 0.378 s, groups of 4 heads (this value) 0.298 s, of 1 head 0.340 s)
 GROUP_BYTES = 16 * 2 ** 20
 
 
@@ -83,6 +83,13 @@ def _with_ones(x: torch.Tensor) -> torch.Tensor:
 
 def _clamp(den: torch.Tensor, eps) -> torch.Tensor:
     return torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
+
+
+def output_grad(g: torch.Tensor, out: torch.Tensor, den_c: torch.Tensor, clamped: torch.Tensor) -> torch.Tensor:
+    """[g_num, g_den] (G, L, e + 1) for out = num / den_c: g / den_c and -(g . out) / den_c (0 where the
+    normalizer was clamped); a zero gradient contributes zero even where the output is infinite (no 0 * inf)."""
+    g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
+    return torch.cat([g / den_c, g_den], dim=-1)
 
 
 class _Scales:
@@ -246,12 +253,9 @@ class CausalLinearAttention(torch.autograd.Function):
         need = ctx.needs_input_grad + (False,) * 2                      # S0 and m0 may not be passed
         with torch.autocast(q.device.type, enabled=False):  # backward may run inside an autocast region
             g = torch.zeros_like(out) if g is None else g.to(q.dtype)
-            g_num = g / den_c
-            # a zero gradient contributes zero even where the output is infinite (no 0 * inf)
-            g_den = (-torch.where(g != 0, g * out, 0.0).sum(-1, keepdim=True) / den_c).masked_fill_(clamped, 0.0)
             sc = ctx.sc
             # key j enters as k_j exp(s_j) (the running maxima cancel): dL/ds_j = sum_r dL/dk_jr k_jr
-            dq, dk, dv, dS0, ds = causal_backward(q, k, _with_ones(v), torch.cat([g_num, g_den], dim=-1), scores,
+            dq, dk, dv, dS0, ds = causal_backward(q, k, _with_ones(v), output_grad(g, out, den_c, clamped), scores,
                                                   sc, ctx.chunk_size, S0, dS, need_ds=need[3])
             # S0 enters as S0 exp(m0)
             dm0 = (dS0 * S0).sum((1, 2)) if need[7] and scale is not None else None
