@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import resource
 import sys
 import time
@@ -389,11 +390,15 @@ def main() -> None:
         return
     if args.paired:
         args.shapes, args.modes = (args.shapes or SHAPES).split(","), args.modes.split(",")
-        args.steps = args.steps or 3
-        args.command_line = "python benchmarks/training.py " + " ".join(sys.argv[1:])
+        for shape in args.shapes:
+            if not re.fullmatch(r"\d+x\d+", shape):
+                ap.error(f"--shapes: {shape!r} is not BATCHxLENGTH (e.g. 8x1024)")
+        if set(args.modes) - {"bidirectional", "causal"}:
+            ap.error(f"--modes: {args.modes}; choose from bidirectional,causal")
+        args.command_line = common.command_line(__file__)
         text = paired_table(args)
         out = args.out or PAIRED_DOC
-        out.write_text(text + "\n")
+        common.write_doc(out, text, keep_below=True)  # hand-written notes below the marker survive a rerun
         print(text + f"\n\nwrote {out}")
         return
     if args.from_json:
