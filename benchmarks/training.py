@@ -3,7 +3,7 @@
 
 benchmarks/attention.py times the attention core alone; training pays for the whole
 step. This times ONE optimizer step (forward, cross entropy, backward, AdamW) of
-``protein_performer.model.PerformerLM`` (dim 256, depth 4, 8 heads, r = 256, rotary, ~3.2 M
+``protein_performer.model.PerformerLM`` (dim 256, depth 4, 8 heads of 32, r = 128, rotary, ~3.2 M
 parameters) on random residues per kernel, shape (batch x length) and mode (bidirectional,
 causal), and of performer-pytorch's PerformerLM (the ``bench`` extra) when importable. Each
 configuration runs in its own subprocess (the parent never imports torch), so its peak RSS is
@@ -19,6 +19,7 @@ import argparse
 import datetime
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -39,8 +40,11 @@ LABELS = {"softmax": "FAVOR+ (softmax)", "favor++": "FAVOR++", "relu": "ReLU", "
           "exact": "exact (SDPA)", PP: "performer-pytorch 1.1.4"}
 SHAPES, QUICK_SHAPES = "8x1024,1x8192,1x16384", "2x256,1x1024"
 WORKER_STARTUP_S = 60  # importing torch and building the model, on top of the per-step budget
-MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features": 256}
-WORKER_OPTIONS = ("threads", "steps", "max_seconds", "max_mib", *MODEL_OPTIONS)
+# head_dim 32 and r = 128 as in conf/model/base.yaml (more features do not pay: docs/fidelity.md);
+# r = 256 until 2026-12-02, and --paired still times both (PAIRED_FEATURES)
+MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features": 128}
+PAIRED_FEATURES = "128,256"
+WORKER_OPTIONS = ("threads", "steps", "max_seconds", "max_mib", "malloc", *MODEL_OPTIONS)
 
 
 def parse_shape(shape: str) -> tuple[int, int]:
@@ -87,12 +91,22 @@ def build_model(args, vocab_size: int, length: int):
     return model, "torch.compile" if args.compile else ""
 
 
+def set_malloc(args) -> None:
+    """``--malloc keep`` (the default): glibc keeps freed memory, as scripts/train.py sets it
+    (protein_performer.allocator); ``system``: glibc's own defaults, the step as it was before."""
+    if args.malloc == "keep":
+        from protein_performer.allocator import keep_freed_memory
+
+        keep_freed_memory()
+
+
 def worker(args) -> None:
     import torch
     import torch.nn.functional as F
 
     from protein_performer.tokenizer import Tokenizer
 
+    set_malloc(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     batch, length = parse_shape(args.shape)
@@ -310,53 +324,55 @@ def paired_table(args) -> str:
 
     from protein_performer.tokenizer import Tokenizer
 
+    set_malloc(args)
     torch.set_num_threads(args.threads)
     tokenizer, rows = Tokenizer(), []
-    kernels = ("softmax", "elu", "exact")
-    for mode in args.modes:
-        for shape in args.shapes:
-            batch, length = parse_shape(shape)
-            tokens = torch.randint(tokenizer.aa_offset, tokenizer.vocab_size, (batch, length),
-                                   generator=torch.Generator().manual_seed(0))
-            steps = {}
-            for kernel in kernels:
-                a = copy.copy(args)
-                a.kernel, a.mode = kernel, mode
-                torch.manual_seed(0)
-                model = build_model(a, tokenizer.vocab_size, length)[0].train()
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for mode, shape in itertools.product(args.modes, args.shapes):
+        batch, length = parse_shape(shape)
+        tokens = torch.randint(tokenizer.aa_offset, tokenizer.vocab_size, (batch, length),
+                               generator=torch.Generator().manual_seed(0))
+        steps = {}  # (kernel, r) -> one optimizer step; elu+1 and exact do not use r
+        for kernel, r in [("softmax", r) for r in args.paired_features] + [("elu", None), ("exact", None)]:
+            a = copy.copy(args)
+            a.kernel, a.mode, a.nb_features = kernel, mode, r or args.nb_features
+            torch.manual_seed(0)
+            model = build_model(a, tokenizer.vocab_size, length)[0].train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-                def step(model=model, opt=opt):
-                    opt.zero_grad(set_to_none=True)
-                    logits = model(tokens)
-                    F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens.reshape(-1)).backward()
-                    opt.step()
-                steps[kernel] = step
-            times = {k: [] for k in kernels}
-            for rep in range(args.steps + 1):  # the first round is the warm-up
-                for kernel, step in steps.items():
-                    t = common.seconds(step)
-                    if rep:
-                        times[kernel].append(t)
+            def step(model=model, opt=opt):
+                opt.zero_grad(set_to_none=True)
+                logits = model(tokens)
+                F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens.reshape(-1)).backward()
+                opt.step()
+            steps[kernel, r] = step
+        times = {key: [] for key in steps}
+        for rep in range(args.steps + 1):  # the first round is the warm-up
+            for key, step in steps.items():
+                t = common.seconds(step)
+                if rep:
+                    times[key].append(t)
 
-            def ratio(num, den):
-                r = sorted(a / b for a, b in zip(times[num], times[den]))
-                return r[len(r) // 2]
-            med = {k: sorted(t)[len(t) // 2] for k, t in times.items()}
-            rows.append([mode, shape, *(f"{med[k]:.2f}" for k in kernels),
-                         f"{ratio('elu', 'softmax'):.2f}", f"{ratio('exact', 'softmax'):.2f}"])
+        def ratio(num, den):
+            r = sorted(a / b for a, b in zip(times[num], times[den]))
+            return r[len(r) // 2]
+        med = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+        for r in args.paired_features:
+            favor = ("softmax", r)
+            rows.append([mode, str(r), shape, *(f"{med[k]:.2f}" for k in (favor, ("elu", None), ("exact", None))),
+                         f"{ratio(('elu', None), favor):.2f}", f"{ratio(('exact', None), favor):.2f}"])
             print("  " + " | ".join(rows[-1]), flush=True)
     lines = ["# Training step, paired: FAVOR+ against elu+1 and exact in one process", "",
              "Generated by `benchmarks/training.py --paired` — do not edit by hand; rerun the script.", "",
              f"- command: `{args.command_line}` at commit {common.git_commit()}",
              f"- machine: {common.cpu()}, {os.cpu_count()} CPUs, {args.threads} threads, fp32; load average "
-             f"{common.load_average()}",
+             f"{common.load_average()}; malloc: {args.malloc}",
              f"- model and step as docs/benchmarks_training.md (dim {args.dim}, depth {args.depth}, {args.heads} heads, "
-             f"r = {args.nb_features}); the three models are built in one process and stepped in turn, rep by rep, "
+             f"r = {' and '.join(map(str, args.paired_features))} for FAVOR+); the models (FAVOR+ at each r, elu+1, "
+             "exact) are built in one process and stepped in turn, rep by rep, "
              f"{args.steps} reps after a warm-up round; s/step medians, ratios the medians of the per-rep ratios",
              "- issue 19's goals: FAVOR+ / elu+1 tokens/s >= 0.7 (= the elu/FAVOR+ time ratio); causal FAVOR+ over "
              "exact >= 2.5x at 1 x 8,192 and 4x at 1 x 16,384; FAVOR+ / exact tokens/s >= 1 at 8 x 1,024", ""]
-    lines += common.md_table(["mode", "shape", "FAVOR+ s", "elu+1 s", "exact s", "FAVOR+ / elu+1 tokens/s",
+    lines += common.md_table(["mode", "FAVOR+ r", "shape", "FAVOR+ s", "elu+1 s", "exact s", "FAVOR+ / elu+1 tokens/s",
                               "FAVOR+ / exact tokens/s"], rows)
     return "\n".join(lines)
 
@@ -372,6 +388,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (as train.py compile=true)")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="per-step time limit (observed or predicted)")
     ap.add_argument("--max-mib", type=int, default=12288, help="memory a worker may add after building its model")
+    ap.add_argument("--malloc", choices=("keep", "system"), default="keep",
+                    help="keep: glibc reuses freed memory, as train.py sets it (default); system: glibc's defaults")
     for option, default in MODEL_OPTIONS.items():
         ap.add_argument("--" + option.replace("_", "-"), type=int, default=default)
     ap.add_argument("--out", type=Path, default=None, help="markdown report; .png and .json go beside it "
@@ -379,6 +397,8 @@ def main() -> None:
     ap.add_argument("--from-json", type=Path, default=None, help="rebuild report + plot from an earlier run's JSON")
     ap.add_argument("--paired", action="store_true", help="FAVOR+, elu+1 and exact in one process, stepped in turn "
                     f"(the goal ratios without the drift between processes) -> {PAIRED_DOC.name}")
+    ap.add_argument("--paired-features", default=PAIRED_FEATURES, help="--paired: FAVOR+'s r values (default "
+                    f"{PAIRED_FEATURES}: the default model's and the earlier benchmark's)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kernel", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -395,6 +415,9 @@ def main() -> None:
                 ap.error(f"--shapes: {shape!r} is not BATCHxLENGTH (e.g. 8x1024)")
         if set(args.modes) - {"bidirectional", "causal"}:
             ap.error(f"--modes: {args.modes}; choose from bidirectional,causal")
+        if not re.fullmatch(r"\d+(,\d+)*", args.paired_features):
+            ap.error(f"--paired-features: {args.paired_features!r} is not a list of integers (e.g. 128,256)")
+        args.paired_features = [int(r) for r in args.paired_features.split(",")]
         args.command_line = common.command_line(__file__)
         text = paired_table(args)
         out = args.out or PAIRED_DOC

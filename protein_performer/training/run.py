@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_only
 
+from ..allocator import keep_freed_memory
 from ..attention.feature_maps import REGISTRY
 from ..errors import UserError, first_line
 from ..files import atomic_path
@@ -119,6 +120,9 @@ def check_resumed_model(path: str, hparams: dict, task: ProteinLM) -> None:
                             f"model.{key}={new[key]!r}; resume with the checkpoint's settings (model.{key}={old.get(key)!r})")
 
 
+MALLOC_CHOICES = ("keep", "system")  # the malloc key: protein_performer.allocator
+
+
 def check_settings(cfg: DictConfig) -> None:
     """The model, objective and optimiser settings, before the input is read or a file written."""
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -134,6 +138,8 @@ def check_settings(cfg: DictConfig) -> None:
         raise UserError(f"optim.warmup_steps must be a non-negative integer, got {o.warmup_steps!r}")
     if not (isinstance(o.min_lr_ratio, (int, float)) and 0 <= o.min_lr_ratio <= 1):
         raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio!r}")
+    if cfg.get("malloc", "keep") not in MALLOC_CHOICES:
+        raise UserError(f"malloc={cfg.get('malloc')!r}; choose from {' | '.join(MALLOC_CHOICES)}")
 
 
 class RecordedCheckpoint(ModelCheckpoint):
@@ -213,6 +219,8 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     datamodule = hydra.utils.instantiate(cfg.data)  # checks the data settings
     print(OmegaConf.to_yaml(cfg, resolve=True))
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed
+    if cfg.get("malloc", "keep") == "keep":
+        keep_freed_memory()  # large activations reused from step to step instead of page-faulted in again
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     task = build_task(cfg, getattr(datamodule, "aa_frequencies", None), start)
