@@ -232,8 +232,8 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
     print(f"{name}: probes done in {res['probe_seconds']} s", flush=True)
 
     labels = write_labels(work / f"{name}.csv", ex, chosen)
-    runs, epochs = {"finetune": {}}, args.task_epochs.get(name, args.epochs)
-    if args.lora:
+    runs, epochs = ({} if args.lora_only else {"finetune": {}}), args.task_epochs.get(name, args.epochs)
+    if args.lora or args.lora_only:
         runs["finetune_lora"] = {"lora": True, "lora_rank": args.lora_rank, "lora_alpha": 2 * args.lora_rank,
                                  "lr": args.lora_lr}
     for key, extra in runs.items():
@@ -434,6 +434,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "
                                                              "(default: finetune's, RESIDUE_WINDOW)")
     ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")
+    ap.add_argument("--lora-only", action="store_true", help="fine-tune with LoRA adapters only (no full fine-tuning)")
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-lr", type=float, default=2e-3)
     ap.add_argument("--probe-residues", type=int, default=FT.PROBE_RESIDUES)
@@ -468,7 +469,8 @@ def main() -> None:
     meta = {"ckpt": args.ckpt, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cpu": common.cpu(), "threads": torch.get_num_threads(), "load": common.load_average(),
             "params": sum(p.numel() for p in loaded.net.parameters()), "step": checkpoint_step(args.ckpt),
-            "depth": loaded.net.depth, "seed": args.seed, "epochs": args.epochs, "task_epochs": args.task_epochs, "lora": args.lora}
+            "depth": loaded.net.depth, "seed": args.seed, "epochs": args.epochs, "task_epochs": args.task_epochs,
+            "lora": args.lora or args.lora_only}
     results = {"meta": meta, "tasks": {}}
     partial = args.raw.with_name(args.raw.name + ".partial")  # each finished part, kept should a later one fail
     if args.resume and partial.is_file():
