@@ -415,8 +415,8 @@ def main() -> None:
                 ap.error(f"--shapes: {shape!r} is not BATCHxLENGTH (e.g. 8x1024)")
         if set(args.modes) - {"bidirectional", "causal"}:
             ap.error(f"--modes: {args.modes}; choose from bidirectional,causal")
-        if not re.fullmatch(r"\d+(,\d+)*", args.paired_features):
-            ap.error(f"--paired-features: {args.paired_features!r} is not a list of integers (e.g. 128,256)")
+        if not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", args.paired_features):
+            ap.error(f"--paired-features: {args.paired_features!r} is not a list of positive integers (e.g. 128,256)")
         args.paired_features = [int(r) for r in args.paired_features.split(",")]
         args.command_line = common.command_line(__file__)
         text = paired_table(args)
