@@ -98,9 +98,12 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """What defines the model (exports, output identities): attention.backend is left out, being how
-        a process runs it, not what it computes."""
+        a process runs it, not what it computes; qk_norm when off, so that the identities and exports of
+        models without it are what they were before the option existed."""
         d = asdict(self)
         d["attention"].pop("backend")
+        if d["attention"]["qk_norm"] is None:
+            d["attention"].pop("qk_norm")
         return d
 
 
