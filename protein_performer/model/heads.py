@@ -63,7 +63,8 @@ class Standardize(nn.Module):
     def __init__(self, mean: torch.Tensor, std: torch.Tensor):
         super().__init__()
         self.register_buffer("mean", mean.detach().clone())
-        self.register_buffer("std", std.detach().clone().clamp_min(1e-6))
+        std = std.detach().clone()
+        self.register_buffer("std", std.masked_fill(std < 1e-6, 1.0))  # a constant feature: left as it is (as sklearn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
