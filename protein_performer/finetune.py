@@ -433,8 +433,9 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
-            features = _frozen_features(net, data["train"], max_tokens, seed) if standardize else None
+            features = None
             if standardize:  # the statistics of what the head sees at the start
+                features = _frozen_features(net, data["train"], max_tokens, seed)
                 X = torch.as_tensor(features[0], dtype=torch.float32)
                 net.head.standardize = Standardize(X.mean(0), X.std(0, correction=0))
             probe = (probe_head_init(net, data["train"], max_tokens, scale, seed, features) if head_init == "probe"
