@@ -241,7 +241,6 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
             break
         settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": 0.1, "max_tokens": args.max_tokens,
                     "patience": 2, "seed": args.seed, "head_init": args.head_init,
-                    **({"standardize": True} if args.standardize and task != "residue" else {}),
                     **({"window": FT.RESIDUE_WINDOW if args.window is None else args.window}
                        if task == "residue" else {}), **extra}
         r = FT.finetune(ckpt, labels, task, work / f"{name}-{key}", overwrite=True,
@@ -432,7 +431,6 @@ def main() -> None:
     ap.add_argument("--head-lr", type=float, default=3e-3)
     ap.add_argument("--max-tokens", type=int, default=2048, help="fine-tuning batches (padded tokens)")
     ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
-    ap.add_argument("--standardize", action="store_true", help="finetune's standardize=true (pooled tasks)")
     ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "
                                                              "(default: finetune's, RESIDUE_WINDOW)")
     ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from .errors import UserError, first_line
 from .files import WrittenFiles, atomic_path, exclusive_lock, refuse_overlap, write_json, write_text
 from .hub.export import FINETUNE_CONFIG as CONFIG
-from .model.heads import FineTuneNet, Standardize
+from .model.heads import FineTuneNet
 from .formats.fasta import read_fasta
 from .formats.tabular import csv_reader, sequence_id
 from .formats.text import numbered_lines
@@ -247,17 +247,16 @@ def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int
 
 
 def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tuple[float, float],
-                    seed: int = 0, features: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+                    seed: int = 0) -> dict:
     """Start the head where a linear probe ends (LP-FT, Kumar et al. 2022: fine-tuning from a
     probed head keeps what the pretrained features hold, where a random head first distorts them):
     ``probe``'s pipeline (standardize, then logistic regression with C by 3-fold CV, or ridge) on the
     frozen encoder's features of the training split, folded into the head's linear layer, so the
     untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
     mean (its scores zero).  Returns what was fitted (C or alpha, the examples' count), or None
-    when a class is too rare for the cross-validation (the head then stays random).  ``features``:
-    :func:`_frozen_features` of ``data`` when already computed."""
+    when a class is too rare for the cross-validation (the head then stays random)."""
     from .probe import make_probe
-    X, y = features if features is not None else _frozen_features(net, data, max_tokens, seed)
+    X, y = _frozen_features(net, data, max_tokens, seed)
     task = "regression" if net.task == "regression" else "classification"
     target = (y - scale[0]) / scale[1] if task == "regression" else y.astype(int)
     folds = 3 if task == "regression" else int(min(3, np.unique(target, return_counts=True)[1].min()))
@@ -270,9 +269,6 @@ def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tup
     scaler, model = pipe[0], pipe[-1]
     coef = np.atleast_2d(model.coef_) / scaler.scale_                    # on raw features
     bias = np.atleast_1d(model.intercept_) - coef @ scaler.mean_
-    if isinstance(getattr(net.head, "standardize", None), Standardize):  # on the head's standardized input
-        bias = bias + coef @ net.head.standardize.mean.double().numpy()
-        coef = coef * net.head.standardize.std.double().numpy()
     out = net.head.out
     W = np.zeros((out.out_features, out.in_features))
     b = np.zeros(out.out_features)
@@ -347,8 +343,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-             head_init: str = "random", standardize: bool = False, window: int | None = None, unknown: str = "error",
-             overwrite: bool = False,
+             head_init: str = "random", window: int | None = None, unknown: str = "error", overwrite: bool = False,
              trainer: dict | None = None) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
     LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
@@ -356,9 +351,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     the weights at the end.  ``window`` (task=residue): the head also sees that many residues on
     either side (None: :data:`RESIDUE_WINDOW` for task=residue, else 0).  ``head_init``: ``probe`` (the head starts as a linear probe of the
     frozen encoder, :func:`probe_head_init`; the validation loss of that start competes with every
-    epoch's) or ``random``.  ``standardize`` (pooled tasks): the head's input is standardized by the
-    frozen encoder's statistics on the training split while it trains (:class:`Standardize`), folded
-    into its linear layer at the end."""
+    epoch's) or ``random``."""
     import pytorch_lightning as pl
 
     from .hub.load import load_model
@@ -374,8 +367,6 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         window = RESIDUE_WINDOW if task == "residue" else 0
     if head_init not in ("probe", "random"):
         raise UserError(f"head_init={head_init!r}: choose probe or random")
-    if standardize and task == "residue":
-        raise UserError("standardize=true: a pooled head's input (task=classification or regression), not task=residue")
     if lora and str(freeze).lower() != "none":
         raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
                         f"block; leave freeze=none")
@@ -433,13 +424,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
-            features = None
-            if standardize:  # the statistics of what the head sees at the start
-                features = _frozen_features(net, data["train"], max_tokens, seed)
-                X = torch.as_tensor(features[0], dtype=torch.float32)
-                net.head.standardize = Standardize(X.mean(0), X.std(0, correction=0))
-            probe = (probe_head_init(net, data["train"], max_tokens, scale, seed, features) if head_init == "probe"
-                     else None)
+            probe = probe_head_init(net, data["train"], max_tokens, scale, seed) if head_init == "probe" else None
             valid = _loader(data["valid"], tok.pad_id, max_tokens)
             if head_init == "probe":  # the start is a candidate for the best weights too
                 fit.validate(module, valid, verbose=False)
@@ -448,8 +433,6 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             seconds = time.perf_counter() - start
             if module.best is not None:
                 net.load_state_dict(module.best, strict=False)
-            if standardize:
-                net.head.fold_standardize()
             if lora:
                 net.merge_lora()
             net = net.cpu().eval()
@@ -464,7 +447,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           head_init=head_init, probe=probe, best_epoch=module.best_epoch)
             meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
-                    "head_init": head_init, "standardize": bool(standardize), "window": window,
+                    "head_init": head_init, "window": window,
                     "lora": {"rank": lora_rank, "alpha": float(lora_alpha), "dropout": float(lora_dropout)} if lora else None,
                     "model": encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,

@@ -110,9 +110,8 @@ def test_probed_residue_head_gives_the_probes_probabilities(ckpt):
 
 # learning rates 0: the weights cannot move; 5 / 50: every epoch wrecks them, so only keeping the
 # validated start gives the probe's predictions
-# standardize=true: the probe is written in the standardized head's coordinates and folded back at the end
-@pytest.mark.parametrize("rates,standardize", [(("0", "0"), "false"), (("5", "50"), "false"), (("0", "0"), "true")])
-def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, capsys, rates, standardize):
+@pytest.mark.parametrize("rates", [("0", "0"), ("5", "50")])
+def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, capsys, rates):
     seqs = proteins(150, seed=3)
     label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
     rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
@@ -123,10 +122,9 @@ def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, c
     out = tmp_path / "out"
     code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                 f"output_dir={out}", "head_init=probe", f"lr={rates[0]}", f"head_lr={rates[1]}",
-                                "weight_decay=0", "dropout=0.0", f"standardize={standardize}",
+                                "weight_decay=0", "dropout=0.0",
                                 "trainer.max_epochs=2", "max_tokens=1200")
     assert code == 0, err
-    assert json.loads((out / "finetune.json").read_text())["standardize"] == (standardize == "true")
     m = json.loads((out / "metrics.json").read_text())
     assert m["head_init"] == "probe" and m["best_epoch"] == 0
 
@@ -141,34 +139,6 @@ def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, c
         got = [r["prediction"] for r in csv.DictReader(fh)]
     assert got == expected
     assert 0 < sum(g == "rich" for g in got) < len(got)
-
-
-@pytest.mark.parametrize("pooling", ["mean", "attention"])
-def test_standardized_head_is_the_hand_computed_affine_map_and_folds_to_a_plain_head(pooling):
-    """out(drop((pooled - mean) / std)), written out; folding gives the same outputs from a head with no
-    Standardize left (the state_dict keys of a plain head: what export writes)."""
-    from protein_performer.model.heads import TASK_HEADS, Standardize, masked_mean
-    torch.manual_seed(0)
-    head = TASK_HEADS[pooling](6, 3, dropout=0.0).double().eval()
-    plain_keys = set(head.state_dict())
-    mean, std = torch.randn(6, dtype=torch.float64), torch.rand(6, dtype=torch.float64) + 0.05
-    head.standardize = Standardize(mean, std)
-    hidden, residues = torch.randn(2, 5, 6, dtype=torch.float64), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]).bool()
-    with torch.no_grad():
-        pooled = masked_mean(hidden, residues) if pooling == "mean" else head.pool(hidden, residues)
-        want = ((pooled - mean) / std) @ head.out.weight.T + head.out.bias
-        torch.testing.assert_close(head(hidden, residues), want, atol=1e-12, rtol=0)
-        head.fold_standardize()
-        torch.testing.assert_close(head(hidden, residues), want, atol=1e-12, rtol=1e-12)
-    assert set(head.state_dict()) == plain_keys
-
-
-def test_standardize_is_refused_for_a_per_residue_head(ckpt, tmp_path, capsys):
-    labels = tmp_path / "l.csv"
-    labels.write_text("id,sequence,label\np1,ACD,HHE\n")
-    code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=residue",
-                                f"output_dir={tmp_path / 'o'}", "standardize=true")
-    assert code == 2 and "standardize=true" in err and not (tmp_path / "o").exists()
 
 
 def test_window_head_is_the_hand_computed_convolution_over_residues_and_ignores_padding():

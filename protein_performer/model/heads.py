@@ -54,58 +54,18 @@ def masked_mean(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
 
 
-class Standardize(nn.Module):
-    """(x - mean) / std per feature, with fixed statistics: what a linear probe's StandardScaler does,
-    held in the head while it trains (mean-pooled states vary across proteins by a small fraction of
-    their size: a linear layer on them learns slowly).  :meth:`fold` merges it into the linear layer
-    that follows, so the saved head is a plain linear layer again."""
-
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
-        super().__init__()
-        self.register_buffer("mean", mean.detach().clone())
-        std = std.detach().clone()
-        self.register_buffer("std", std.masked_fill(std < 1e-6, 1.0))  # a constant feature: left as it is (as sklearn)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
-
-    @torch.no_grad()
-    def fold(self, out: nn.Linear) -> None:
-        """Make ``out(x)`` equal to ``out(self(x))``: W / std, and b - W mean / std."""
-        w = out.weight / self.std.to(out.weight.dtype)
-        out.bias.sub_(w @ self.mean.to(w.dtype))
-        out.weight.copy_(w)
-
-
-class PooledHead(nn.Module):
-    """What the pooled heads share: (optionally standardized) pooled states, dropout, a linear layer."""
+class SequenceClassificationHead(nn.Module):
+    """One output vector per protein: the mean of the hidden states over its residues, then
+    dropout and a linear layer. ``num_outputs`` classes (logits), or 1 for a regression."""
 
     def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0):
         super().__init__()
-        self.standardize: nn.Module = nn.Identity()
         self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_outputs)
-
-    def pool(self, hidden: torch.Tensor, residues: torch.Tensor | None) -> torch.Tensor:
-        raise NotImplementedError
 
     def forward(self, hidden: torch.Tensor, residues: torch.Tensor | None = None) -> torch.Tensor:
         """hidden (B, L, dim), residues (B, L) True where to pool (:func:`residue_mask`; None:
         every position) -> (B, num_outputs)."""
-        return self.out(self.drop(self.standardize(self.pool(hidden, residues))))
-
-    def fold_standardize(self) -> None:
-        """Merge a :class:`Standardize` into ``out`` and drop it: the same outputs, a plain head."""
-        if isinstance(self.standardize, Standardize):
-            self.standardize.fold(self.out)
-            self.standardize = nn.Identity()
-
-
-class SequenceClassificationHead(PooledHead):
-    """One output vector per protein: the mean of the hidden states over its residues, then
-    dropout and a linear layer. ``num_outputs`` classes (logits), or 1 for a regression."""
-
-    def pool(self, hidden: torch.Tensor, residues: torch.Tensor | None) -> torch.Tensor:
-        return masked_mean(hidden, residues)
+        return self.out(self.drop(masked_mean(hidden, residues)))
 
 
 class TokenClassificationHead(nn.Module):
@@ -136,21 +96,24 @@ class TokenClassificationHead(nn.Module):
         return y
 
 
-class AttentionPoolingHead(PooledHead):
+class AttentionPoolingHead(nn.Module):
     """One output vector per protein, pooled by learned weights instead of a plain mean: a
     linear score per residue, softmax over the protein's residues, the weighted sum of the
     hidden states, then dropout and a linear layer (a motif can outweigh the composition)."""
 
     def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0):
-        super().__init__(dim, num_outputs, dropout)
+        super().__init__()
         self.score = nn.Linear(dim, 1)
+        self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_outputs)
 
-    def pool(self, hidden: torch.Tensor, residues: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, residues: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden (B, L, dim), residues (B, L) True where to pool (None: every position) ->
+        (B, num_outputs)."""
         s = self.score(hidden).squeeze(-1).float()
         if residues is not None:
             s = s.masked_fill(~residues, float("-inf"))
         w = torch.softmax(s, -1).nan_to_num(0.0).to(hidden.dtype)  # a row without residues pools to 0
-        return torch.einsum("bl,bld->bd", w, hidden)
+        return self.out(self.drop(torch.einsum("bl,bld->bd", w, hidden)))
 
 
 # --- an encoder with a task head (what finetune trains and export writes) ------------------
