@@ -21,10 +21,6 @@ def _reference(m: Attention, x: torch.Tensor, mask=None) -> torch.Tensor:
     H, dh = m.heads, m.head_dim
     qkv = torch.einsum("bld,ed->ble", x, m.to_qkv.weight).view(B, L, 3, H, dh)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-    if m.log_temperature is not None:  # written out: q / |q| * (t sqrt(dh))^(1/2), t = exp(log t) per head
-        s = torch.sqrt(torch.exp(m.log_temperature) * dh ** 0.5).view(H, 1, 1)
-        q = q / torch.sqrt((q * q).sum(-1, keepdim=True)) * s
-        k = k / torch.sqrt((k * k).sum(-1, keepdim=True)) * s
     if m.rotary is not None:
         rot = RotaryEmbedding(dh).to(x.dtype)
         q, k = rot(q), rot(k)
@@ -56,44 +52,6 @@ def test_module_matches_hand_composed_reference_and_gradients(kernel, causal):
     g2 = torch.autograd.grad((ref * w).sum(), [x, m.to_qkv.weight])
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b)
-
-
-@pytest.mark.parametrize("kernel", ["softmax", "exact"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_qk_norm_matches_reference_and_learns_its_temperature(kernel, causal):
-    """qk_norm=t0: unit q, k times a per-head temperature, the same through forward and step."""
-    torch.manual_seed(1)
-    m = Attention(24, 3, kernel=kernel, nb_features=12, chunk_size=5, causal=causal, qk_norm=2.0).double().eval()
-    with torch.no_grad():
-        m.log_temperature.copy_(torch.tensor([0.1, 0.7, -0.4]))
-    x = torch.randn(2, 13, 24, dtype=torch.float64, requires_grad=True)
-    out, ref = m(x), _reference(m, x)
-    torch.testing.assert_close(out, ref)
-    (gt,), (gr,) = (torch.autograd.grad(o.square().sum(), [m.log_temperature]) for o in (out, ref))
-    assert gt.abs().min() > 0
-    torch.testing.assert_close(gt, gr)
-    if causal:
-        state, steps = m.init_state(2, torch.device("cpu")), []
-        for t in range(13):
-            y, state = m.step(x[:, t].detach(), state)
-            steps.append(y)
-        torch.testing.assert_close(torch.stack(steps, 1), out.detach())
-
-
-def test_qk_norm_exact_logits_are_temperature_times_cosine():
-    """Exact kernel, no rotary: row i's weights are softmax_j(t cos(q_i, k_j)), computed here from cosines."""
-    torch.manual_seed(2)
-    m = Attention(8, 1, kernel="exact", rotary=False, qk_norm=3.0).double().eval()
-    x = torch.randn(1, 6, 8, dtype=torch.float64)
-    q, k, v = (x @ m.to_qkv.weight.T).split(8, dim=-1)
-    cos = torch.nn.functional.cosine_similarity(q[0, :, None], k[0, None, :], dim=-1)
-    want = (torch.softmax(3.0 * cos, -1) @ v[0]) @ m.to_out.weight.T + m.to_out.bias
-    torch.testing.assert_close(m(x)[0], want)
-
-
-def test_qk_norm_refuses_a_non_positive_temperature():
-    with pytest.raises(ValueError, match="qk_norm"):
-        Attention(8, 1, qk_norm=0.0)
 
 
 @pytest.mark.parametrize("base", [10000.0, 300.0])

@@ -80,20 +80,3 @@ def test_nb_features_has_one_default():
         defaults.add(inspect.signature(f).parameters["nb_features"].default)
     assert defaults == {fm.NB_FEATURES} == {128}
     assert Attention(32, 2).num_features == 128  # the model's FAVOR+ gets what the config says
-
-
-def test_qk_norm_reaches_every_layer_and_stays_out_of_identities_when_off():
-    """qk_norm=t0: each layer's temperatures start at t0; off, ModelConfig.to_dict is what it was
-    before the option existed (exports and embed identities unchanged); a bad value is one line."""
-    import math
-    on = ModelConfig.from_dict({"dim": 16, "depth": 2, "heads": 2, "attention": {"qk_norm": 3.0}})
-    model = PerformerLM(on)
-    for block in model.blocks:
-        assert block.attn.log_temperature.tolist() == pytest.approx([math.log(3.0)] * 2)
-    assert ModelConfig.from_dict(on.to_dict()) == on and on.to_dict()["attention"]["qk_norm"] == 3.0
-    off = ModelConfig.from_dict({"dim": 16, "depth": 2, "heads": 2})
-    assert "qk_norm" not in off.to_dict()["attention"] and ModelConfig.from_dict(off.to_dict()) == off
-    assert all(b.attn.log_temperature is None for b in PerformerLM(off).blocks)
-    for bad in (0, -1.0, True, "2"):
-        with pytest.raises(UserError, match="model.attention.qk_norm must be null or a temperature above 0"):
-            ModelConfig.from_dict({"attention": {"qk_norm": bad}})

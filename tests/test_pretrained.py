@@ -424,29 +424,6 @@ def test_a_rotary_base_reaches_the_export_and_transformers(tmp_path, transformer
     assert (other[real] - ref[real]).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "exact"])
-def test_qk_norm_reaches_the_export_and_transformers(tmp_path, transformers, kernel):
-    """model.attention.qk_norm: the learned temperatures travel as weights and the transformers code
-    normalizes q, k as the model does: the checkpoint's logits, not those of the same weights unnormalized."""
-    ckpt = make_checkpoint(tmp_path / "run", kernel, "mlm", qk_norm=2.0)
-    task = load_checkpoint(str(ckpt))
-    assert task.model.blocks[0].attn.log_temperature.std() > 0  # moved off the start, per head
-    out = export(ckpt, tmp_path / "export")
-    proteins = real_proteins()
-    tokens, pad = batch(proteins)
-    enc = transformers.AutoTokenizer.from_pretrained(out)(proteins, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        got = transformers.AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True)(**enc).logits
-        ref = task.model(tokens, pad)
-        plain = ProteinLM(model={**task.model.config.to_dict(),
-                                 "attention": {**task.model.config.to_dict()["attention"], "qk_norm": None}}).model
-        plain.load_state_dict(task.model.state_dict(), strict=False)
-        other = plain.eval()(tokens, pad)
-    real = ~pad
-    torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
-    assert (other[real] - ref[real]).abs().max() > 1e-2
-
-
 def test_transformers_refuses_the_other_objective_in_one_line(exported, transformers):
     with pytest.raises(ValueError, match="this is a clm model: open it with AutoModelForCausalLM"):
         transformers.AutoModelForMaskedLM.from_pretrained(exported("softmax", "clm")[1], trust_remote_code=True)

@@ -19,13 +19,11 @@ Give each layer its own ``seed`` (e.g. the layer index) for independent projecti
 from __future__ import annotations
 
 import hashlib
-import math
 import warnings
 from functools import partial
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from . import fla_backend
 from .feature_maps import KERNELS, NB_FEATURES, FavorPlus, FavorPlusPlus, build_feature_map
@@ -92,9 +90,6 @@ class Attention(nn.Module):
         relu_projection: the "relu" kernel with (True) or without a random projection.
         backend: the causal linear path: "auto" (fla on CUDA when it imports), "torch" or "fla"
             (fla_backend.py; resolved per device at the first forward, logged once).
-        qk_norm: None (raw q, k) or a temperature t0 > 0: q, k are scaled to unit length and the
-            logits become t * cos(q, k) with t learned per head (starting at t0).  It bounds
-            |x + y|^2 <= 4 t, the quantity FAVOR+'s variance grows with (docs/fidelity.md).
     """
 
     def __init__(self, dim: int, heads: int, kernel: str = "softmax", nb_features: int = NB_FEATURES,
@@ -102,7 +97,7 @@ class Attention(nn.Module):
                  causal: bool = False, dropout: float = 0.0, rotary: bool = True, orthogonal: bool = True,
                  seed: int = 0, head_dim: int | None = None, bias: bool = False,
                  relu_projection: bool = True, rotary_base: float = 10000.0, run_seed: int = 0,
-                 backend: str = "auto", qk_norm: float | None = None):
+                 backend: str = "auto"):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
@@ -123,10 +118,6 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.drop = nn.Dropout(dropout)
         self.rotary = RotaryEmbedding(head_dim, rotary_base) if rotary else None
-        if qk_norm is not None and not qk_norm > 0:
-            raise ValueError(f"qk_norm must be a temperature above 0 or None, got {qk_norm!r}")
-        # log of the per-head temperature t: logits t * cos(q, k)
-        self.log_temperature = nn.Parameter(torch.full((heads,), math.log(qk_norm))) if qk_norm else None
         self.feature_map = build_feature_map(kernel, head_dim, nb_features, orthogonal,
                                              torch.Generator().manual_seed(projection_seed(seed, 0, self.run_seed)),
                                              heads=heads, relu_projection=relu_projection)
@@ -174,9 +165,6 @@ class Attention(nn.Module):
         B, L, _ = x.shape
         qkv = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                       # (B, H, L, dh)
-        if self.log_temperature is not None:  # |q| = |k| = (t sqrt(dh))^(1/2): q.k / sqrt(dh) = t cos
-            scale = (0.5 * self.log_temperature).exp()[:, None, None] * self.head_dim ** 0.25
-            q, k = F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1) * scale
         if self.rotary is not None:
             q, k = self.rotary(q, offset), self.rotary(k, offset)
         return q, k, v

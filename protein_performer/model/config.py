@@ -22,7 +22,6 @@ class AttentionConfig:
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
     run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
     backend: str = "auto"           # causal linear attention: auto (fla on CUDA when it imports) | torch | fla
-    qk_norm: float | None = None    # unit q, k times a learned per-head temperature starting at this value (None: raw q, k)
 
 
 @dataclass(frozen=True)
@@ -70,9 +69,6 @@ class ModelConfig:
         for key in ("vocab_size", "dim", "depth", "heads", "ff_mult", "max_positions"):
             _positive_int(f"model.{key}", getattr(self, key))
         _positive_int("model.attention.nb_features", self.attention.nb_features)
-        t0 = self.attention.qk_norm
-        if t0 is not None and (isinstance(t0, bool) or not isinstance(t0, (int, float)) or not t0 > 0):
-            raise UserError(f"model.attention.qk_norm must be null or a temperature above 0, got {t0!r}")
         _positive_int("model.attention.chunk_size", self.attention.chunk_size)
         if self.attention.kernel == "trig" and self.attention.nb_features % 2:
             raise UserError(f"model.attention.nb_features={self.attention.nb_features}: the trig kernel "
@@ -98,12 +94,9 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """What defines the model (exports, output identities): attention.backend is left out, being how
-        a process runs it, not what it computes; qk_norm when off, so that the identities and exports of
-        models without it are what they were before the option existed."""
+        a process runs it, not what it computes."""
         d = asdict(self)
         d["attention"].pop("backend")
-        if d["attention"]["qk_norm"] is None:
-            d["attention"].pop("qk_norm")
         return d
 
 

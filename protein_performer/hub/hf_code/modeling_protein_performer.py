@@ -164,15 +164,10 @@ class Attention(nn.Module):
         self.feature_map = None if self.kernel == "exact" else FeatureMap(
             self.kernel, self.head_dim, self.heads, int(att["nb_features"]),
             bool(att.get("relu_projection", True)))
-        # qk_norm: unit q, k, logits t cos(q, k) with a per-head temperature t = exp(log_temperature)
-        self.log_temperature = nn.Parameter(torch.zeros(self.heads)) if att.get("qk_norm") else None
 
     def forward(self, x, pad):
         B, L, _ = x.shape
         q, k, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.log_temperature is not None:
-            scale = (0.5 * self.log_temperature).exp()[:, None, None] * self.head_dim ** 0.25
-            q, k = F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1) * scale
         if self.rotary:
             q, k = (rotate(t, self.rotary_base, float32_freqs=self.float32_freqs) for t in (q, k))
         if self.feature_map is None:
