@@ -216,7 +216,7 @@ def test_a_resume_keeps_the_checkpoints_model_settings(tmp_path, small_fasta):
     with pytest.raises(UserError) as e:
         _train(run, small_fasta, "trainer.max_steps=4", f"ckpt_path={last}")  # the config's default base
     assert str(e.value) == (f"ckpt_path={last}: its model has model.rotary_base=10000, this run's config "
-                            f"model.rotary_base=100000; resume with the checkpoint's settings (model.rotary_base=10000)")
+                            f"model.rotary_base=1000000; resume with the checkpoint's settings (model.rotary_base=10000)")
     assert {p.name: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
     _train(run, small_fasta, "trainer.max_steps=4", f"ckpt_path={last}", "model.rotary_base=10000")
     assert torch.load(last, weights_only=False)["global_step"] == 4

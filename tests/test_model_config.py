@@ -78,5 +78,5 @@ def test_nb_features_has_one_default():
     for f in (Attention, build_feature_map, fm.FavorPlus, fm.FavorPlusPlus, fm.TrigFeatures, fm.ReluFeatures,
               fm.HedgehogFeatures):
         defaults.add(inspect.signature(f).parameters["nb_features"].default)
-    assert defaults == {fm.NB_FEATURES} == {128}
-    assert Attention(32, 2).num_features == 128  # the model's FAVOR+ gets what the config says
+    assert defaults == {fm.NB_FEATURES} == {64}
+    assert Attention(32, 2).num_features == 64  # the model's FAVOR+ gets what the config says

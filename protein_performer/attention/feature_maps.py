@@ -79,8 +79,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-#: the one default number of features per head (ModelConfig, Attention and every map read it)
-NB_FEATURES = 128
+#: the one default number of features per head (ModelConfig, Attention and every map read it); 64, not
+#: 128, by measurement at equal training time: docs/long_proteins.md
+NB_FEATURES = 64
 
 
 class KeyFeatures(NamedTuple):
