@@ -40,7 +40,8 @@ LABELS = {"softmax": "FAVOR+ (softmax)", "favor++": "FAVOR++", "relu": "ReLU", "
           "exact": "exact (SDPA)", PP: "performer-pytorch 1.1.4"}
 SHAPES, QUICK_SHAPES = "8x1024,1x8192,1x16384", "2x256,1x1024"
 WORKER_STARTUP_S = 60  # importing torch and building the model, on top of the per-step budget
-# head_dim 32 and r = 128 (twice conf/model/base.yaml's 64: the feature cost here bounds the default's) (more features do not pay: docs/fidelity.md);
+# head_dim 32 and r = 128, twice conf/model/base.yaml's 64, so the feature cost here bounds the default's
+# (more features do not pay: docs/fidelity.md);
 # r = 256 until 2026-12-02, and --paired still times both (PAIRED_FEATURES)
 MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features": 128}
 PAIRED_FEATURES = "128,256"
