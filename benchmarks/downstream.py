@@ -240,7 +240,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
         if args.skip_finetune:
             break
         settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": 0.1, "max_tokens": args.max_tokens,
-                    "patience": 2, "seed": args.seed, "head_init": args.head_init,
+                    "patience": 2, "seed": args.seed, "head_init": args.head_init, "freeze": args.freeze,
                     **({"window": FT.RESIDUE_WINDOW if args.window is None else args.window}
                        if task == "residue" else {}), **extra}
         r = FT.finetune(ckpt, labels, task, work / f"{name}-{key}", overwrite=True,
@@ -340,7 +340,7 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
         window = next((r["finetune"]["settings"].get("window", 0) for r in tasks.values()
                        if r.get("finetune") and r["task"] == "residue"), None)
         lines += ["", f"Fine-tuning: `protein_performer.finetune.finetune` (the `finetune` command) on the subsample "
-                  f"written as a CSV with a split column, mean pooling, freeze=none, head_init={s.get('head_init', 'random')} "
+                  f"written as a CSV with a split column, mean pooling, freeze={s.get('freeze', 'none')}, head_init={s.get('head_init', 'random')} "
                   f"({start}), lr {s['lr']} (encoder) / {s['head_lr']} (head), dropout {s['dropout']}, max_tokens "
                   f"{s['max_tokens']}, at most {meta['epochs']} epochs{epochs_note(meta, tasks)}, early stopping on the validation loss (patience "
                   f"{s['patience']}; the best weights kept)"
@@ -348,7 +348,8 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                      if window else "") + ". The same for one task by hand:", "", "```bash",
                   "protein-performer finetune ckpt=CKPT labels=signalp.csv task=classification output_dir=ft/signalp "
                   f"lr={s['lr']} head_lr={s['head_lr']} max_tokens={s['max_tokens']} patience=2 "
-                  f"trainer.max_epochs={meta['epochs']}", "```"]
+                  + (f"freeze={s['freeze']} " if str(s.get('freeze', 'none')) != "none" else "")
+                  + f"trainer.max_epochs={meta['epochs']}", "```"]
         if meta["lora"]:
             lo = next(r["finetune_lora"]["settings"] for r in tasks.values() if r.get("finetune_lora"))
             lines += ["", f"LoRA: `lora=true lora_rank={lo['lora_rank']} lora_alpha={lo['lora_alpha']} lr={lo['lr']}` "
@@ -431,6 +432,7 @@ def main() -> None:
     ap.add_argument("--head-lr", type=float, default=3e-3)
     ap.add_argument("--max-tokens", type=int, default=2048, help="fine-tuning batches (padded tokens)")
     ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
+    ap.add_argument("--freeze", default="none", help="finetune's freeze: none | all | N (the embedding and the first N blocks)")
     ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "
                                                              "(default: finetune's, RESIDUE_WINDOW)")
     ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")

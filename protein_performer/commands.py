@@ -122,7 +122,8 @@ def compare(cfg: DictConfig) -> None:
                               doc=doc, reuse=s["reuse"], command=command.strip(), exact_name=s["exact"],
                               model_overrides={name: flatten_overrides(tree, where=f"model_overrides.{name}")
                                                for name, tree in s["model_overrides"].items()},
-                              title=s["title"], max_records=s["heldout"]["max_records"], **s["eval"])
+                              title=s["title"], time_budget=s.get("time_budget"),
+                              calibration_reps=s.get("calibration_reps", 5), max_records=s["heldout"]["max_records"], **s["eval"])
     print(format_table(results))
     for name, gap in perplexity_gaps(results, s["exact"]).items():
         print(f"{name}: perplexity {100 * gap:+.2f} % against {s['exact']}")

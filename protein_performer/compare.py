@@ -49,7 +49,8 @@ def compose_train_config(overrides: Sequence[str]):
 def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str | Path, output_dir: str | Path,
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
-            title: str = "Performer kernels against exact softmax", **eval_kwargs) -> dict[str, dict]:
+            title: str = "Performer kernels against exact softmax", time_budget: float | None = None,
+            calibration_reps: int = 5, **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
@@ -57,7 +58,10 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     shorter crop for exact softmax), applied after the common ones and listed in the doc.
     ``reuse``: a finished run (``checkpoints/last.ckpt`` and ``train_summary.json``) made with
     the same training settings (:func:`run_settings`) is not trained again; one made with
-    other settings (another step budget, other overrides) is trained again, with a warning."""
+    other settings (another step budget, other overrides) is trained again, with a warning.
+    ``time_budget`` (seconds): equal wall-clock time measured side by side; each model trains for
+    the steps its paired step costs fit in the budget (training/step_cost.py), ``trainer.max_time``
+    off."""
     import time
 
     from omegaconf import OmegaConf
@@ -67,11 +71,18 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     out = Path(output_dir)
     refuse_overlap({"doc": doc}, {"heldout.path": heldout})
     ckpts, train_info = [], {}
+    extras = {name: list((model_overrides or {}).get(name, [])) for name in models}
+    calibration = None
+    if time_budget is not None:
+        calibration = calibrate(models, train_overrides, extras, float(time_budget), calibration_reps)
+        write_json(out / "calibration.json", calibration, indent=2)
+        for name in models:
+            extras[name] += [f"trainer.max_steps={calibration['steps'][name]}", "trainer.max_time=null"]
     for name in models:
         run_dir = out / "runs" / name
         last = run_dir / "checkpoints" / "last.ckpt"
         summary_path = run_dir / "train_summary.json"
-        extra = list((model_overrides or {}).get(name, []))
+        extra = extras[name]
         # overwrite: a run folder without train_summary.json is an unfinished run, trained afresh
         cfg = compose_train_config([f"model={name}", *train_overrides, *extra, "overwrite=true"])
         settings = run_settings(OmegaConf.to_container(cfg, resolve=True))
@@ -99,8 +110,26 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     write_json(out / "comparison.json", results, indent=2)
     if doc is not None:
         write_comparison_doc(results, doc, out / "eval" / "metrics.png", train_overrides, heldout,
-                             command=command, exact_name=exact_name, title=title)
+                             command=command, exact_name=exact_name, title=title, calibration=calibration)
     return results
+
+
+def calibrate(models: Sequence[str], train_overrides: Sequence[str], extras: dict[str, list[str]],
+              seconds: float, reps: int) -> dict:
+    """Each model's steps for ``seconds`` of training from its step costs measured side by side
+    (:func:`protein_performer.training.step_cost.measure_step_costs`)."""
+    from .training.step_cost import crop_schedule, measure_step_costs, steps_within
+    cfgs = {name: compose_train_config([f"model={name}", *train_overrides, *extras[name]]) for name in models}
+    costs = measure_step_costs(cfgs, reps)
+    steps = {name: steps_within(crop_schedule(cfgs[name].data), costs[name], seconds) for name in models}
+    for name in models:
+        if not steps[name]:
+            raise UserError(f"time_budget={seconds:g} s buys no training step of {name} "
+                            f"({costs[name][crop_schedule(cfgs[name].data)[0][1]]:.3g} s for its first step): raise it")
+        log.info("%s: %s s per step by crop -> %d steps in %.0f s", name,
+                 {c: round(t, 3) for c, t in costs[name].items()}, steps[name], seconds)
+    return {"seconds": seconds, "reps": reps, "steps": steps,
+            "seconds_per_step": {n: {str(c): round(t, 4) for c, t in per.items()} for n, per in costs.items()}}
 
 
 #: training-config keys that do not change the trained model (a reused run may differ in them)
@@ -132,9 +161,24 @@ def perplexity_gaps(results: dict[str, dict], exact_name: str = "transformer") -
     return {n: m["perplexity"] / ref - 1 for n, m in results.items() if n != exact_name and m["perplexity"]}
 
 
+def calibration_lines(calibration: dict | None) -> list[str]:
+    """The doc's account of a paired time budget: seconds per step by crop, and the step counts."""
+    if not calibration:
+        return []
+    crops = sorted({int(c) for per in calibration["seconds_per_step"].values() for c in per})
+    rows = [f"| {n} | " + " | ".join(f"{per[str(c)]:.3f}" if str(c) in per else "–" for c in crops)
+            + f" | {calibration['steps'][n]} |" for n, per in calibration["seconds_per_step"].items()]
+    return [f"* Equal time, measured side by side (`time_budget={calibration['seconds']:g}`): each model's "
+            f"training step timed on the same real batches at every crop of its curriculum, the models in turn, "
+            f"median of {calibration['reps']}; each trains for the steps those costs fit in "
+            f"{calibration['seconds']:g} s (protein_performer/training/step_cost.py):",
+            "", "| model | " + " | ".join(f"s/step at crop {c}" for c in crops) + " | steps |",
+            "|---" * (len(crops) + 2) + "|", *rows, ""]
+
+
 def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | Path, train_overrides: Sequence[str],
                          heldout: str | Path, *, command: str | None = None, exact_name: str = "transformer",
-                         title: str = "Performer kernels against exact softmax") -> None:
+                         title: str = "Performer kernels against exact softmax", calibration: dict | None = None) -> None:
     """Write the table, gaps and plot into ``doc``, keeping any text after GENERATED_END."""
     import datetime
 
@@ -157,6 +201,7 @@ def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | P
         + " ".join(train_overrides) + "`.",
         *[f"* Only for {n}: `{' '.join(m['training']['extra_overrides'])}`." for n, m in results.items()
           if m.get("training", {}).get("extra_overrides")],
+        *calibration_lines(calibration),
         "* Baseline: amino-acid frequencies of the training data (stored in each checkpoint).",
         "",
         "| model | kernel | steps | train s | params | held-out ppl | acc | gap vs exact | baseline ppl | "

@@ -1,0 +1,94 @@
+"""Equal wall-clock budgets measured side by side: each model's step count for a time budget.
+
+Training models one after another for the same ``trainer.max_time`` gives each the speed of the
+machine during its own minutes; on a shared machine that moves a model's step count by 10-20 %
+(docs/long_proteins.md).  Here every model's training step (forward, loss, backward, clipping,
+AdamW) is timed on real batches of each crop of its length curriculum, the models taking turns
+rep by rep in one process, so load changes hit all of them alike; then the budget is walked
+through the curriculum at those costs (:func:`steps_within`) and each model trains for its count.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..data.sampler import check_crop_schedule
+from ..objectives import IGNORE
+
+
+def crop_schedule(data_cfg) -> list[tuple[int, int]]:
+    """(step, crop) phases of a data config: its ``crop_schedule`` with crops capped by ``max_len``
+    (as the sampler caps them), or one phase at ``max_len``."""
+    schedule = data_cfg.get("crop_schedule") if data_cfg.get("max_tokens") is not None else None
+    cap = int(data_cfg.max_len)
+    return [(s, min(c, cap)) for s, c in check_crop_schedule(schedule)] if schedule else [(0, cap)]
+
+
+def steps_within(schedule: Sequence[tuple[int, int]], cost: Mapping[int, float], seconds: float,
+                 limit: int = 10 ** 7) -> int:
+    """How many steps fit in ``seconds`` when a step at crop c costs ``cost[c]`` s and the crop
+    follows ``schedule`` (from step s on, crop c)."""
+    steps, elapsed, phases = 0, 0.0, sorted(schedule)  # phases[0] starts at step 0 (check_crop_schedule)
+    while steps < limit:
+        crop = next(c for s, c in reversed(phases) if s <= steps)
+        if elapsed + cost[crop] > seconds:
+            break
+        elapsed += cost[crop]
+        steps += 1
+    return steps
+
+
+def _batches(data, crop: int, n: int) -> list[dict]:
+    """The first ``n`` training batches of a set-up data module with its curriculum held at ``crop``."""
+    if data.max_tokens is not None:
+        data.crop_schedule = check_crop_schedule([[0, crop]])
+    batches, it = [], iter(data.train_dataloader())
+    for _ in range(n):
+        batches.append(next(it))
+    return batches
+
+
+def measure_step_costs(cfgs: Mapping[str, object], reps: int = 5, clip: float = 1.0) -> dict[str, dict[int, float]]:
+    """Median seconds of one training step per model and crop: ``{name: {crop: s}}``.  ``cfgs``:
+    composed training configs (compare.compose_train_config); every model starts from its own
+    seeded initialization; rep r of every (model, crop) uses the same r-th batch, the models
+    in turn, after one warm-up step each."""
+    import hydra
+    import pytorch_lightning as pl
+
+    from .run import build_task
+    work = {}
+    for name, cfg in cfgs.items():
+        pl.seed_everything(int(cfg.seed), verbose=False)
+        task = build_task(cfg, None).train()
+        opt = torch.optim.AdamW(task.parameters(), lr=float(cfg.optim.lr))
+        data = hydra.utils.instantiate(cfg.data)
+        data.setup("fit")
+        crops = sorted({c for _, c in crop_schedule(cfg.data)})
+        work[name] = (task, opt, {c: _batches(data, c, reps + 1) for c in crops})
+
+    def step(name: str, batch: dict) -> None:
+        task, opt, _ = work[name]
+        inputs, labels = task.model_ids(batch)
+        logits = task(inputs, batch["padding_mask"])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(task.parameters(), clip)
+        opt.step()
+
+    times = {name: {c: [] for c in w[2]} for name, w in work.items()}
+    for r in range(reps + 1):
+        for crop in sorted({c for w in work.values() for c in w[2]}):
+            for name, (_, _, batches) in work.items():
+                if crop not in batches:
+                    continue
+                t0 = time.perf_counter()
+                step(name, batches[crop][r])
+                if r:  # rep 0 warms up
+                    times[name][crop].append(time.perf_counter() - t0)
+    return {name: {c: statistics.median(ts) for c, ts in per.items()} for name, per in times.items()}
