@@ -56,11 +56,15 @@ def measure_step_costs(cfgs: Mapping[str, object], reps: int = 5, clip: float = 
     """Median seconds of one training step per model and crop: ``{name: {crop: s}}``.  ``cfgs``:
     composed training configs (compare.compose_train_config); every model starts from its own
     seeded initialization; rep r of every (model, crop) uses the same r-th batch, the models
-    in turn, after one warm-up step each."""
+    in turn, after one warm-up step each; glibc keeps freed memory when training would
+    (``malloc=keep``, the default)."""
     import hydra
     import pytorch_lightning as pl
 
+    from ..allocator import keep_freed_memory
     from .run import build_task
+    if any(cfg.get("malloc", "keep") == "keep" for cfg in cfgs.values()):
+        keep_freed_memory()  # as training does (run.train): else large activations page-fault in at every step
     work = {}
     for name, cfg in cfgs.items():
         pl.seed_everything(int(cfg.seed), verbose=False)
