@@ -50,7 +50,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
             title: str = "Performer kernels against exact softmax", time_budget: float | None = None,
-            calibration_reps: int = 5, **eval_kwargs) -> dict[str, dict]:
+            calibration_reps: int = 10, **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,

@@ -43,16 +43,21 @@ def steps_within(schedule: Sequence[tuple[int, int]], cost: Mapping[int, float],
 
 
 def _batches(data, crop: int, n: int) -> list[dict]:
-    """The first ``n`` training batches of a set-up data module with its curriculum held at ``crop``."""
+    """``n`` training batches of a set-up data module with its curriculum held at ``crop``, spread
+    evenly over the epoch's batch plan: a token budget's batches range from many short proteins
+    to one long one, and exact attention's cost with them (the first few would be a lottery)."""
     if data.max_tokens is not None:
         data.crop_schedule = check_crop_schedule([[0, crop]])
-    batches, it = [], iter(data.train_dataloader())
-    for _ in range(n):
-        batches.append(next(it))
-    return batches
+    loader = data.train_dataloader()
+    if loader.batch_size is None:  # the batch sampler is the loader's sampler: a plan of index lists
+        plan = list(loader.sampler)
+        picks = [plan[round(i * (len(plan) - 1) / max(n - 1, 1))] for i in range(n)]
+        return [loader.collate_fn(loader.dataset[idx]) for idx in picks]
+    it = iter(loader)  # fixed-size batches: every one has the same shape
+    return [next(it) for _ in range(n)]
 
 
-def measure_step_costs(cfgs: Mapping[str, object], reps: int = 5, clip: float = 1.0) -> dict[str, dict[int, float]]:
+def measure_step_costs(cfgs: Mapping[str, object], reps: int = 10, clip: float = 1.0) -> dict[str, dict[int, float]]:
     """Median seconds of one training step per model and crop: ``{name: {crop: s}}``.  ``cfgs``:
     composed training configs (compare.compose_train_config); every model starts from its own
     seeded initialization; rep r of every (model, crop) uses the same r-th batch, the models
