@@ -50,7 +50,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
             title: str = "Performer kernels against exact softmax", time_budget: float | None = None,
-            calibration_reps: int = 10, **eval_kwargs) -> dict[str, dict]:
+            calibration_reps: int = 16, **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
@@ -170,7 +170,7 @@ def calibration_lines(calibration: dict | None) -> list[str]:
             + f" | {calibration['steps'][n]} |" for n, per in calibration["seconds_per_step"].items()]
     return [f"* Equal time, measured side by side (`time_budget={calibration['seconds']:g}`): each model's "
             f"training step timed on the same real batches at every crop of its curriculum, the models in turn, "
-            f"median of {calibration['reps']}; each trains for the steps those costs fit in "
+            f"mean of {calibration['reps']} batches spread over the epoch; each trains for the steps those costs fit in "
             f"{calibration['seconds']:g} s (protein_performer/training/step_cost.py):",
             "", "| model | " + " | ".join(f"s/step at crop {c}" for c in crops) + " | steps |",
             "|---" * (len(crops) + 2) + "|", *rows, ""]

@@ -57,12 +57,14 @@ def _batches(data, crop: int, n: int) -> list[dict]:
     return [next(it) for _ in range(n)]
 
 
-def measure_step_costs(cfgs: Mapping[str, object], reps: int = 10, clip: float = 1.0) -> dict[str, dict[int, float]]:
-    """Median seconds of one training step per model and crop: ``{name: {crop: s}}``.  ``cfgs``:
-    composed training configs (compare.compose_train_config); every model starts from its own
-    seeded initialization; rep r of every (model, crop) uses the same r-th batch, the models
-    in turn, after one warm-up step each; glibc keeps freed memory when training would
-    (``malloc=keep``, the default)."""
+def measure_step_costs(cfgs: Mapping[str, object], reps: int = 16, clip: float = 1.0) -> dict[str, dict[int, float]]:
+    """Mean seconds of one training step per model and crop over ``reps`` batches spread over the
+    epoch: ``{name: {crop: s}}``.  The mean, not the median: the budget is a sum of steps, and exact
+    attention's costs are skewed (a batch of 1,024-residue crops costs twice one of short proteins;
+    medians bought it 294 steps that took 539 s of a 420 s budget, at bcb4c14).  ``cfgs``: composed
+    training configs (compare.compose_train_config); every model starts from its own seeded
+    initialization; rep r of every (model, crop) uses the same r-th batch, the models in turn, after
+    one warm-up step each; glibc keeps freed memory when training would (``malloc=keep``, the default)."""
     import hydra
     import pytorch_lightning as pl
 
@@ -100,4 +102,4 @@ def measure_step_costs(cfgs: Mapping[str, object], reps: int = 10, clip: float =
                 step(name, batches[crop][r])
                 if r:  # rep 0 warms up
                     times[name][crop].append(time.perf_counter() - t0)
-    return {name: {c: statistics.median(ts) for c, ts in per.items()} for name, per in times.items()}
+    return {name: {c: statistics.fmean(ts) for c, ts in per.items()} for name, per in times.items()}
