@@ -50,7 +50,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
             title: str = "Performer kernels against exact softmax", time_budget: float | None = None,
-            calibration_reps: int = 16, **eval_kwargs) -> dict[str, dict]:
+            calibration_reps: int | None = None, **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
@@ -61,7 +61,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     other settings (another step budget, other overrides) is trained again, with a warning.
     ``time_budget`` (seconds): equal wall-clock time measured side by side; each model trains for
     the steps its paired step costs fit in the budget (training/step_cost.py), ``trainer.max_time``
-    off."""
+    off; ``calibration_reps`` batches timed per model and crop (None: step_cost.CALIBRATION_REPS)."""
     import time
 
     from omegaconf import OmegaConf
@@ -70,6 +70,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
 
     out = Path(output_dir)
     refuse_overlap({"doc": doc}, {"heldout.path": heldout})
+    check_time_budget(time_budget, calibration_reps)
     ckpts, train_info = [], {}
     extras = {name: list((model_overrides or {}).get(name, [])) for name in models}
     calibration = None
@@ -114,18 +115,31 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     return results
 
 
+def check_time_budget(time_budget, calibration_reps) -> None:
+    """One line for a time budget that is not a positive number of seconds, or reps below 1."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    if time_budget is not None and not (number(time_budget) and time_budget > 0):
+        raise UserError(f"time_budget must be a positive number of seconds (or null), got {time_budget!r}")
+    if calibration_reps is not None and not (number(calibration_reps) and int(calibration_reps) == calibration_reps
+                                             and calibration_reps >= 1):
+        raise UserError(f"calibration_reps must be a whole number >= 1, got {calibration_reps!r}")
+
+
 def calibrate(models: Sequence[str], train_overrides: Sequence[str], extras: dict[str, list[str]],
-              seconds: float, reps: int) -> dict:
+              seconds: float, reps: int | None) -> dict:
     """Each model's steps for ``seconds`` of training from its step costs measured side by side
     (:func:`protein_performer.training.step_cost.measure_step_costs`)."""
-    from .training.step_cost import crop_schedule, measure_step_costs, steps_within
+    from .training.step_cost import CALIBRATION_REPS, crop_schedule, measure_step_costs, steps_within
+    reps = CALIBRATION_REPS if reps is None else int(reps)
     cfgs = {name: compose_train_config([f"model={name}", *train_overrides, *extras[name]]) for name in models}
     costs = measure_step_costs(cfgs, reps)
-    steps = {name: steps_within(crop_schedule(cfgs[name].data), costs[name], seconds) for name in models}
+    schedules = {name: crop_schedule(cfgs[name].data) for name in models}
+    steps = {name: steps_within(schedules[name], costs[name], seconds) for name in models}
     for name in models:
         if not steps[name]:
             raise UserError(f"time_budget={seconds:g} s buys no training step of {name} "
-                            f"({costs[name][crop_schedule(cfgs[name].data)[0][1]]:.3g} s for its first step): raise it")
+                            f"({costs[name][schedules[name][0][1]]:.3g} s for its first step): raise it")
         log.info("%s: %s s per step by crop -> %d steps in %.0f s", name,
                  {c: round(t, 3) for c, t in costs[name].items()}, steps[name], seconds)
     return {"seconds": seconds, "reps": reps, "steps": steps,

@@ -3,12 +3,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, sample_fasta
 
 from protein_performer.errors import UserError
-
+from protein_performer.training import step_cost
 from protein_performer.training.step_cost import crop_schedule, measure_step_costs, steps_within
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_steps_within_walks_the_curriculum_at_each_crops_cost():
@@ -32,20 +31,9 @@ def test_crop_schedule_of_a_data_config():
     assert crop_schedule(capped) == [(0, 256), (50, 512)]  # the sampler caps crops at max_len
 
 
-def _small_fasta(tmp_path, n=200):
-    from protein_performer.formats import read_records
-    small = tmp_path / "train.fasta"
-    with open(small, "w") as f:
-        for i, r in enumerate(read_records(ROOT / "data/sample/swissprot_sample_20k.fasta.gz")):
-            if i == n:
-                break
-            f.write(f">{r.id}\n{r.sequence}\n")
-    return small
-
-
 def test_measured_costs_grow_with_the_crop_and_the_model(tmp_path):
     from protein_performer.compare import compose_train_config
-    common = [f"data.path={_small_fasta(tmp_path)}", "data.max_len=1024", "data.max_tokens=1024",
+    common = [f"data.path={sample_fasta(tmp_path / 'train.fasta', 200)}", "data.max_len=1024", "data.max_tokens=1024",
               "data.crop_schedule=[[0,32],[2,1024]]", "model.depth=1", "model.attention.nb_features=16",
               "logger=none", "seed=0"]
     cfgs = {"small": compose_train_config(["model=linear", *common, "model.dim=32", "model.heads=2"]),
@@ -56,10 +44,34 @@ def test_measured_costs_grow_with_the_crop_and_the_model(tmp_path):
     assert costs["wide"][1024] > costs["small"][1024]  # 8x the width: 64x the matmul work per token
 
 
+def test_the_cost_is_the_mean_of_the_timed_steps_after_the_warm_up(tmp_path, monkeypatch):
+    # a clock read once before the (untimed) warm-up, then twice per timed step: 1, 1 and 4 s, mean 2 (median 1)
+    from types import SimpleNamespace
+
+    from protein_performer.compare import compose_train_config
+    ticks = iter([0.0, 100.0, 101.0, 101.0, 102.0, 102.0, 106.0])
+    cfg = compose_train_config(["model=linear", f"data.path={sample_fasta(tmp_path / 'train.fasta', 100)}",
+                                "data.max_len=64", "model.dim=32", "model.depth=1", "model.heads=2", "logger=none"])
+    monkeypatch.setattr(step_cost, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert measure_step_costs({"m": cfg}, reps=3) == {"m": {64: 2.0}}
+
+
+def test_compare_refuses_a_bad_time_budget_in_one_line_before_any_work(tmp_path):
+    from protein_performer.compare import compare
+    heldout = ROOT / "data/heldout/uniprotkb_mix_heldout_2k.fasta.gz"
+    for budget, reps, message in ((0, None, "time_budget must be a positive number of seconds"),
+                                  ("7min", None, "time_budget must be a positive number of seconds"),
+                                  (60, 0, "calibration_reps must be a whole number >= 1"),
+                                  (60, 2.5, "calibration_reps must be a whole number >= 1")):
+        with pytest.raises(UserError, match=message):
+            compare(["linear"], ["logger=none"], heldout, tmp_path / "out", time_budget=budget, calibration_reps=reps)
+    assert not (tmp_path / "out").exists()
+
+
 def test_compare_with_a_time_budget_trains_each_model_for_its_measured_steps(tmp_path):
     # the default data's curriculum (256 -> 8192) capped at max_len 64: one crop, 64
     from protein_performer.compare import compare
-    overrides = [f"data.path={_small_fasta(tmp_path, 300)}", "data.max_len=64", "data.batch_size=8",
+    overrides = [f"data.path={sample_fasta(tmp_path / 'train.fasta', 300)}", "data.max_len=64", "data.batch_size=8",
                  "data.valid_fraction=0.1", "model.dim=32", "model.depth=1", "model.heads=2",
                  "model.attention.nb_features=16", "trainer.max_steps=-1", "trainer.val_check_interval=1000000",
                  "trainer.enable_progress_bar=false", "logger=none", "seed=0"]

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from ..data.sampler import check_crop_schedule
 from ..objectives import IGNORE
 
+#: timed batches per model and crop (conf/compare.yaml's calibration_reps)
+CALIBRATION_REPS = 16
+
 
 def crop_schedule(data_cfg) -> list[tuple[int, int]]:
     """(step, crop) phases of a data config: its ``crop_schedule`` with crops capped by ``max_len``
@@ -57,7 +60,7 @@ def _batches(data, crop: int, n: int) -> list[dict]:
     return [next(it) for _ in range(n)]
 
 
-def measure_step_costs(cfgs: Mapping[str, object], reps: int = 16, clip: float = 1.0) -> dict[str, dict[int, float]]:
+def measure_step_costs(cfgs: Mapping[str, object], reps: int = CALIBRATION_REPS, clip: float = 1.0) -> dict[str, dict[int, float]]:
     """Mean seconds of one training step per model and crop over ``reps`` batches spread over the
     epoch: ``{name: {crop: s}}``.  The mean, not the median: the budget is a sum of steps, and exact
     attention's costs are skewed (a batch of 1,024-residue crops costs twice one of short proteins;
