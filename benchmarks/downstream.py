@@ -239,7 +239,8 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
     for key, extra in runs.items():
         if args.skip_finetune:
             break
-        settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": 0.1, "max_tokens": args.max_tokens,
+        settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": args.dropout, "schedule": args.schedule,
+                    "max_tokens": args.max_tokens,
                     "patience": 2, "seed": args.seed, "head_init": args.head_init, "freeze": args.freeze,
                     **({"window": FT.RESIDUE_WINDOW if args.window is None else args.window}
                        if task == "residue" else {}), **extra}
@@ -341,7 +342,10 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                        if r.get("finetune") and r["task"] == "residue"), None)
         lines += ["", f"Fine-tuning: `protein_performer.finetune.finetune` (the `finetune` command) on the subsample "
                   f"written as a CSV with a split column, mean pooling, freeze={s.get('freeze', 'none')}, head_init={s.get('head_init', 'random')} "
-                  f"({start}), lr {s['lr']} (encoder) / {s['head_lr']} (head), dropout {s['dropout']}, max_tokens "
+                  f"({start}), lr {s['lr']} (encoder) / {s['head_lr']} (head)"
+                  + (", rates warmed up over 6 % of the steps, then falling linearly to 0 at the last epoch (`schedule=linear`)"
+                     if s.get("schedule", "constant") == "linear" else ", constant rates")
+                  + f", dropout {s['dropout']}, max_tokens "
                   f"{s['max_tokens']}, at most {meta['epochs']} epochs{epochs_note(meta, tasks)}, early stopping on the validation loss (patience "
                   f"{s['patience']}; the best weights kept)"
                   + (f"; the per-residue head also sees {window} residues on either side (`window={window}`)"
@@ -349,6 +353,8 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                   "protein-performer finetune ckpt=CKPT labels=signalp.csv task=classification output_dir=ft/signalp "
                   f"lr={s['lr']} head_lr={s['head_lr']} max_tokens={s['max_tokens']} patience=2 "
                   + (f"freeze={s['freeze']} " if str(s.get('freeze', 'none')) != "none" else "")
+                  + f"dropout={s['dropout']} "
+                  + (f"schedule={s['schedule']} " if s.get("schedule", "constant") != "constant" else "")
                   + f"trainer.max_epochs={meta['epochs']}", "```"]
         if meta["lora"]:
             lo = next(r["finetune_lora"]["settings"] for r in tasks.values() if r.get("finetune_lora"))
@@ -431,6 +437,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--head-lr", type=float, default=3e-3)
     ap.add_argument("--max-tokens", type=int, default=2048, help="fine-tuning batches (padded tokens)")
+    ap.add_argument("--dropout", type=float, default=0.1, help="finetune's dropout (before the head's linear layer)")
+    ap.add_argument("--schedule", default="constant", choices=["constant", "linear"], help="finetune's schedule")
     ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
     ap.add_argument("--freeze", default="none", help="finetune's freeze: none | all | N (the embedding and the first N blocks)")
     ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "

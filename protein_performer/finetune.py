@@ -292,7 +292,21 @@ def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tup
 
 
 # --- training ---------------------------------------------------------------------------
-def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay: float, scale: tuple[float, float]):
+def warmup_linear(total: int, warmup: float):
+    """The learning-rate factor at each optimizer step: up from 0 over the first ``warmup`` share of
+    ``total`` steps, then straight down to 0 at ``total`` (BERT's fine-tuning schedule: the last
+    epoch's small steps settle the weights the early stopping keeps instead of jumping around them)."""
+    ramp = max(1, round(warmup * total))
+
+    def factor(step: int) -> float:
+        if step < ramp:
+            return (step + 1) / ramp
+        return max(0.0, (total - step) / max(1, total - ramp))
+    return factor
+
+
+def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay: float, scale: tuple[float, float],
+                      schedule: str = "constant", warmup: float = 0.0):
     import pytorch_lightning as pl
 
     class FineTuner(pl.LightningModule):
@@ -333,7 +347,12 @@ def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay:
             enc = [p for p in self.net.encoder.parameters() if p.requires_grad]
             groups = [{"params": list(self.net.head.parameters()), "lr": head_lr}] + (
                 [{"params": enc, "lr": lr}] if enc else [])
-            return torch.optim.AdamW(groups, weight_decay=weight_decay)
+            opt = torch.optim.AdamW(groups, weight_decay=weight_decay)
+            if schedule == "constant":
+                return opt
+            total = int(self.trainer.estimated_stepping_batches)  # max_epochs (or max_steps) of batches
+            step = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(total, warmup))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": step, "interval": "step"}}
 
     return FineTuner()
 
@@ -343,15 +362,16 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-             head_init: str = "random", window: int | None = None, unknown: str = "error", overwrite: bool = False,
-             trainer: dict | None = None) -> dict:
+             head_init: str = "random", window: int | None = None, schedule: str = "constant", warmup: float = 0.06,
+             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
     LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
     feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged into
     the weights at the end.  ``window`` (task=residue): the head also sees that many residues on
     either side (None: :data:`RESIDUE_WINDOW` for task=residue, else 0).  ``head_init``: ``probe`` (the head starts as a linear probe of the
     frozen encoder, :func:`probe_head_init`; the validation loss of that start competes with every
-    epoch's) or ``random``."""
+    epoch's) or ``random``.  ``schedule``: ``constant`` rates, or ``linear`` (:func:`warmup_linear`:
+    up over the first ``warmup`` share of the trainer's steps, then down to 0 at its last)."""
     import pytorch_lightning as pl
 
     from .hub.load import load_model
@@ -367,6 +387,10 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         window = RESIDUE_WINDOW if task == "residue" else 0
     if head_init not in ("probe", "random"):
         raise UserError(f"head_init={head_init!r}: choose probe or random")
+    if schedule not in ("constant", "linear"):
+        raise UserError(f"schedule={schedule!r}: choose constant or linear (warmup, then down to 0 at the last epoch)")
+    if not 0 <= warmup < 1:
+        raise UserError(f"warmup={warmup}: a fraction of the steps in [0, 1)")
     if lora and str(freeze).lower() != "none":
         raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
                         f"block; leave freeze=none")
@@ -409,7 +433,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = {s: Encoded([tokens[i] for i in idx], [targets[i] for i in idx]) for s, idx in part.items()}
 
-    module = _lightning_module(net, lr, head_lr, weight_decay, scale)
+    module = _lightning_module(net, lr, head_lr, weight_decay, scale, schedule, warmup)
     settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                 "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                 **(trainer or {})}

@@ -274,3 +274,41 @@ def test_a_bad_trainer_setting_is_one_line_before_anything_is_written(ckpt, tmp_
     assert code == 2 and err == ("error: trainer: TypeError: Trainer.__init__() got an unexpected keyword "
                                  "argument 'max_stpes'\n"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
+
+
+def test_linear_schedule_warms_up_then_falls_to_zero_at_the_last_step():
+    """schedule=linear: each group's rate is its base rate times (s + 1) / ramp over the first ramp
+    steps, then (total - s) / (total - ramp): written out here for 10 steps with 20 % warmup."""
+    import pytorch_lightning as pl
+    torch.manual_seed(0)
+    net = FT.FineTuneNet(ProteinLM(model=TINY_MODEL).model.encoder, "classification", 2, "mean", 0.0)
+    module = FT._lightning_module(net, lr=1e-3, head_lr=1e-2, weight_decay=0.0, scale=(0.0, 1.0),
+                                  schedule="linear", warmup=0.2)
+    tok = Tokenizer()
+    rng = random.Random(0)
+    data = FT.Encoded([tok.encode(protein(rng)) for _ in range(20)], [k % 2 for k in range(20)])
+    seen = []
+
+    class Rates(pl.Callback):
+        def on_train_batch_start(self, trainer, *_):
+            seen.append([g["lr"] for g in trainer.optimizers[0].param_groups])
+
+    fit = pl.Trainer(accelerator="cpu", max_epochs=100, max_steps=10, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[Rates()])
+    fit.fit(module, FT._loader(data, tok.pad_id, max_tokens=400, train=True))
+    assert len(seen) == 10
+    factors = [0.5, 1.0] + [(10 - s) / 8 for s in range(2, 10)]
+    assert np.allclose(seen, [[1e-2 * f, 1e-3 * f] for f in factors], rtol=1e-12, atol=0)
+    assert FT.warmup_linear(10, 0.2)(10) == 0.0
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("schedule=cosine", "error: schedule='cosine': choose constant or linear (warmup, then down to 0 at the last epoch)\n"),
+    ("warmup=1.5", "error: warmup=1.5: a fraction of the steps in [0, 1)\n")])
+def test_a_bad_schedule_is_one_line_before_anything_is_written(setting, message, ckpt, tmp_path, capsys):
+    labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
+                       header=("id", "sequence", "label"))
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={tmp_path / 'out'}", setting)
+    assert code == 2 and err == message, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
