@@ -437,8 +437,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--head-lr", type=float, default=3e-3)
     ap.add_argument("--max-tokens", type=int, default=2048, help="fine-tuning batches (padded tokens)")
-    ap.add_argument("--dropout", type=float, default=0.1, help="finetune's dropout (before the head's linear layer)")
-    ap.add_argument("--schedule", default="constant", choices=["constant", "linear"], help="finetune's schedule")
+    ap.add_argument("--dropout", type=float, default=0.0, help="finetune's dropout (before the head's linear layer)")
+    ap.add_argument("--schedule", default="linear", choices=["constant", "linear"], help="finetune's schedule")
     ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
     ap.add_argument("--freeze", default="none", help="finetune's freeze: none | all | N (the embedding and the first N blocks)")
     ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "

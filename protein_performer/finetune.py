@@ -358,11 +358,11 @@ def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay:
 
 
 def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels=None, pooling: str = "mean",
-             freeze="none", dropout: float = 0.1, lr: float = 1e-4, head_lr: float = 1e-3,
+             freeze="none", dropout: float = 0.0, lr: float = 1e-4, head_lr: float = 1e-3,
              weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-             head_init: str = "random", window: int | None = None, schedule: str = "constant", warmup: float = 0.06,
+             head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = 0.06,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
     LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
