@@ -437,6 +437,9 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                 "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                 **(trainer or {})}
+    if schedule == "linear" and settings.get("max_epochs") == -1 and settings.get("max_steps", -1) == -1:
+        raise UserError("schedule=linear falls to 0 at the last step: set trainer.max_epochs or trainer.max_steps, "
+                        "or use schedule=constant")
     settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
                                                        check_on_train_epoch_end=False)]
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd

@@ -304,7 +304,9 @@ def test_linear_schedule_warms_up_then_falls_to_zero_at_the_last_step():
 
 @pytest.mark.parametrize("setting, message", [
     ("schedule=cosine", "error: schedule='cosine': choose constant or linear (warmup, then down to 0 at the last epoch)\n"),
-    ("warmup=1.5", "error: warmup=1.5: a fraction of the steps in [0, 1)\n")])
+    ("warmup=1.5", "error: warmup=1.5: a fraction of the steps in [0, 1)\n"),
+    ("trainer.max_epochs=-1", "error: schedule=linear falls to 0 at the last step: set trainer.max_epochs or "
+                              "trainer.max_steps, or use schedule=constant\n")])
 def test_a_bad_schedule_is_one_line_before_anything_is_written(setting, message, ckpt, tmp_path, capsys):
     labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
                        header=("id", "sequence", "label"))
