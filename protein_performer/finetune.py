@@ -292,6 +292,10 @@ def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tup
 
 
 # --- training ---------------------------------------------------------------------------
+#: schedule=linear: the share of the steps spent warming up (conf/finetune.yaml's warmup)
+WARMUP = 0.06
+
+
 def warmup_linear(total: int, warmup: float):
     """The learning-rate factor at each optimizer step: up from 0 over the first ``warmup`` share of
     ``total`` steps, then straight down to 0 at ``total`` (BERT's fine-tuning schedule: the last
@@ -362,7 +366,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-             head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = 0.06,
+             head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
     LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
@@ -389,7 +393,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         raise UserError(f"head_init={head_init!r}: choose probe or random")
     if schedule not in ("constant", "linear"):
         raise UserError(f"schedule={schedule!r}: choose constant or linear (warmup, then down to 0 at the last epoch)")
-    if not 0 <= warmup < 1:
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
         raise UserError(f"warmup={warmup}: a fraction of the steps in [0, 1)")
     if lora and str(freeze).lower() != "none":
         raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
