@@ -119,7 +119,9 @@ class _Ordered:
     def __init__(self, workers: int):
         self.pool = None
         if workers > 0:
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            # Not "fork": the caller may already run threads (torch's, a logger's), and a
+            # child forked while one of them holds a lock can hang the pool.
+            ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
             self.pool = ctx.Pool(workers)
         self.depth = max(2, 2 * workers)
 
