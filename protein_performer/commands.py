@@ -123,8 +123,12 @@ def compare(cfg: DictConfig) -> None:
                               model_overrides={name: flatten_overrides(tree, where=f"model_overrides.{name}")
                                                for name, tree in s["model_overrides"].items()},
                               title=s["title"], time_budget=s.get("time_budget"),
-                              calibration_reps=s.get("calibration_reps"), max_records=s["heldout"]["max_records"], **s["eval"])
+                              calibration_reps=s.get("calibration_reps"), max_records=s["heldout"]["max_records"],
+                              long_heldout=s["heldout"].get("long_path"), **s["eval"])
     print(format_table(results))
+    if s["heldout"].get("long_path"):
+        print(f"on {s['heldout']['long_path']}:")
+        print(format_table({name: m["long_heldout"] for name, m in results.items()}))
     for name, gap in perplexity_gaps(results, s["exact"]).items():
         print(f"{name}: perplexity {100 * gap:+.2f} % against {s['exact']}")
     print(f"wrote {doc}")

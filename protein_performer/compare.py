@@ -50,7 +50,8 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
             title: str = "Performer kernels against exact softmax", time_budget: float | None = None,
-            calibration_reps: int | None = None, **eval_kwargs) -> dict[str, dict]:
+            calibration_reps: int | None = None, long_heldout: str | Path | None = None,
+            **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
     checkpoints the same way on ``heldout`` and write one table + plot (``doc``, markdown,
@@ -61,7 +62,10 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     other settings (another step budget, other overrides) is trained again, with a warning.
     ``time_budget`` (seconds): equal wall-clock time measured side by side; each model trains for
     the steps its paired step costs fit in the budget (training/step_cost.py), ``trainer.max_time``
-    off; ``calibration_reps`` batches timed per model and crop (None: step_cost.CALIBRATION_REPS)."""
+    off; ``calibration_reps`` batches timed per model and crop (None: step_cost.CALIBRATION_REPS).
+    ``long_heldout``: a second held-out file scored the same way (its figures under each model's
+    "long_heldout" and a second table in the doc): long proteins are few in ``heldout``, too few for
+    a bucket to separate kernels."""
     import time
 
     from omegaconf import OmegaConf
@@ -69,7 +73,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     from .training.run import train
 
     out = Path(output_dir)
-    refuse_overlap({"doc": doc}, {"heldout.path": heldout})
+    refuse_overlap({"doc": doc}, {"heldout.path": heldout, **({"heldout.long_path": long_heldout} if long_heldout else {})})
     check_time_budget(time_budget, calibration_reps)
     ckpts, train_info = [], {}
     extras = {name: list((model_overrides or {}).get(name, [])) for name in models}
@@ -106,12 +110,17 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             train_info[name] = info
         ckpts.append(str(last))
     results = evaluate(ckpts, heldout, out / "eval", names=list(models), **eval_kwargs)
+    long_results = evaluate(ckpts, long_heldout, out / "eval_long", names=list(models), **eval_kwargs) \
+        if long_heldout else None
     for name in models:
         results[name]["training"] = train_info[name]
+        if long_results:
+            results[name]["long_heldout"] = long_results[name]
     write_json(out / "comparison.json", results, indent=2)
     if doc is not None:
         write_comparison_doc(results, doc, out / "eval" / "metrics.png", train_overrides, heldout,
-                             command=command, exact_name=exact_name, title=title, calibration=calibration)
+                             command=command, exact_name=exact_name, title=title, calibration=calibration,
+                             long_heldout=long_heldout)
     return results
 
 
@@ -192,8 +201,10 @@ def calibration_lines(calibration: dict | None) -> list[str]:
 
 def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | Path, train_overrides: Sequence[str],
                          heldout: str | Path, *, command: str | None = None, exact_name: str = "transformer",
-                         title: str = "Performer kernels against exact softmax", calibration: dict | None = None) -> None:
-    """Write the table, gaps and plot into ``doc``, keeping any text after GENERATED_END."""
+                         title: str = "Performer kernels against exact softmax", calibration: dict | None = None,
+                         long_heldout: str | Path | None = None) -> None:
+    """Write the table, gaps and plot into ``doc``, keeping any text after GENERATED_END (and, with
+    ``long_heldout``, the by-length table of each model's "long_heldout" figures)."""
     import datetime
 
     doc = Path(doc)
@@ -232,6 +243,10 @@ def write_comparison_doc(results: dict[str, dict], doc: str | Path, png: str | P
                      f"{t.get('parameters', '–')} | {m['perplexity']:.3f} | {100 * m['accuracy']:.2f} % | {gap} | "
                      f"{m['baseline_perplexity']:.3f} | {100 * m['baseline_accuracy']:.2f} % | {m['num_tokens']} | "
                      f"{whole} |")
-    lines += ["", "Perplexity by protein length (residues):", "", format_table(results), "",
-              f"![perplexity and accuracy by length]({png_dst.name})", "", GENERATED_END]
+    lines += ["", "Perplexity by protein length (residues):", "", format_table(results), ""]
+    if long_heldout:
+        long = {name: m["long_heldout"] for name, m in results.items()}
+        lines += [f"The same checkpoints on the long held-out set `{long_heldout}` ({any_m['long_heldout']['num_sequences']} "
+                  "proteins, scored the same way):", "", format_table(long), ""]
+    lines += [f"![perplexity and accuracy by length]({png_dst.name})", "", GENERATED_END]
     write_text(doc, "\n".join(lines) + (kept if kept else "\n"))

@@ -264,15 +264,23 @@ def test_compare_trains_evaluates_and_writes_the_table(tmp_path):
     doc.parent.mkdir()
     doc.write_text("old\n" + GENERATED_END + "\nhand-written notes\n")
     heldout = ROOT / "data/heldout/uniprotkb_mix_heldout_2k.fasta.gz"
+    long = ROOT / "data/heldout/swissprot_long_heldout.fasta.gz"
     res = compare(["performer", "transformer"], overrides, heldout, tmp_path / "out", doc=doc, max_records=12,
-                  progress=False, window=256, stride=128)
+                  progress=False, window=256, stride=128, long_heldout=long)
     assert set(res) == {"performer", "transformer"}
+    # the long set: scored the same way, its own figures and table (its first 12 proteins: one > 4,096)
+    lp, lt = res["performer"]["long_heldout"], res["transformer"]["long_heldout"]
+    assert lp["num_sequences"] == lt["num_sequences"] == 12 and lp["num_tokens"] == lt["num_tokens"]
+    assert lp["buckets"]["2049-4096"]["num_sequences"] == 11 and lp["buckets"][">4096"]["num_sequences"] == 1
+    assert lp["perplexity"] != res["performer"]["perplexity"]
     assert res["performer"]["step"] == res["transformer"]["step"] == 4
     assert res["performer"]["evaluation"]["full_length"]
     assert res["transformer"]["evaluation"]["window"] == 256 and not res["transformer"]["evaluation"]["full_length"]
     assert res["performer"]["num_tokens"] == res["transformer"]["num_tokens"]  # same masks, same positions
     text = doc.read_text()
     assert "| performer | softmax | 4 |" in text and "(reference)" in text and "hand-written notes" in text
+    assert f"long held-out set `{long}` (12 proteins" in text
+    assert f"| performer | 4 | {lp['perplexity']:.3f} |" in text.split("long held-out set")[1]
     assert "old" not in text.split(GENERATED_END)[0] and (doc.parent / "comparison.png").is_file()
     stamp = (tmp_path / "out/runs/performer/train_summary.json").stat().st_mtime
     compare(["performer", "transformer"], overrides, heldout, tmp_path / "out", max_records=12, progress=False)
@@ -295,6 +303,9 @@ def test_compare_command_takes_the_readme_budget_key_and_finds_its_data_anywhere
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("compare", overrides=["trainer.max_steps=200"])  # as the README writes it
         explicit = compose("compare", overrides=["train.trainer.max_steps=600"])
+        long = compose("long_proteins")
+    assert cfg.heldout.long_path is None and long.heldout.path == cfg.heldout.path
+    assert long.heldout.long_path == bundled("heldout/swissprot_long_heldout.fasta.gz")
     train = flatten_overrides(OmegaConf.to_container(cfg.train, resolve=True))
     assert "trainer.max_steps=200" in train and "trainer.val_check_interval=200" in train
     assert "trainer.max_steps=600" in flatten_overrides(OmegaConf.to_container(explicit.train, resolve=True))
