@@ -6,7 +6,8 @@ the checkpoint's :class:`~protein_performer.model.PerformerEncoder` + a head fro
 early-stopped on the validation loss (the best weights kept) -> in ``output_dir``:
 ``metrics.json`` and ``predictions.csv`` on the test split, ``model.safetensors`` (encoder +
 head) and ``finetune.json`` (what :func:`~protein_performer.hub.export.load_finetuned` needs to rebuild
-them; ``export ckpt=output_dir`` makes a transformers directory of them).
+them, and the settings it was trained with: pooling, dropout, freeze, head_init, schedule, warmup;
+``export ckpt=output_dir`` makes a transformers directory of them).
 
 Every input is read and checked before the model trains, and nothing is written before the
 training ends: a bad file is one line naming file and line, with nothing written.
@@ -478,7 +479,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           head_init=head_init, probe=probe, best_epoch=module.best_epoch)
             meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
-                    "head_init": head_init, "window": window,
+                    "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
                     "lora": {"rank": lora_rank, "alpha": float(lora_alpha), "dropout": float(lora_dropout)} if lora else None,
                     "model": encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,

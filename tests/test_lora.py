@@ -130,6 +130,7 @@ def test_finetune_with_lora_changes_only_adapted_weights_by_rank_r(task, tmp_pat
     assert code == 0, err
     meta = json.loads((out / "finetune.json").read_text())
     assert meta["lora"] == {"rank": rank, "alpha": 4.0, "dropout": 0.0}
+    assert meta["schedule"] == "linear" and meta["warmup"] == FT.WARMUP == 0.06  # the defaults, recorded
     saved = load_file(str(out / "model.safetensors"))
     start = FT._state(task.model.encoder)
     changed = 0
