@@ -22,6 +22,7 @@ if not __package__:  # run as a file: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 from benchmarks import common  # noqa: E402
 from protein_performer.formats import iter_text_blocks, tokenize_block
+from protein_performer.data import prepare as prepare_module
 from protein_performer.data.prepare import by_split, prepare
 from protein_performer.data.shard_datamodule import ShardDataModule
 from protein_performer.data.shards import PreparedData
@@ -53,14 +54,20 @@ def make_file(path: Path, size_mb: int) -> None:
 
 
 def cpu_seconds() -> float:
+    """This process's CPU time and its waited-for children's: the pool's workers are counted only when
+    they are this process's children (spawn; a forkserver's workers are the server's: bench_prepare)."""
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 def bench_prepare(src: Path, out: Path, workers: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
+    start, prepare_module.POOL_START = prepare_module.POOL_START, "spawn"   # workers: children of this process
     c0, t0 = cpu_seconds(), time.perf_counter()
-    prepare(src, out_dir=out, data_dir=out.parent / "cache", workers=workers, progress=False)
+    try:
+        prepare(src, out_dir=out, data_dir=out.parent / "cache", workers=workers, progress=False)
+    finally:
+        prepare_module.POOL_START = start
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     m = PreparedData(out).manifest
     mb = m["source"]["uncompressed_bytes"] / 1e6

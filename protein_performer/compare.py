@@ -10,6 +10,7 @@ from typing import Sequence
 from .errors import UserError
 from .evaluate import evaluate, format_table
 from .files import refuse_overlap, write_bytes, write_json, write_text
+from .formats import check_source
 from .resources import conf_dir
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,10 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     from .training.run import train
 
     out = Path(output_dir)
-    refuse_overlap({"doc": doc}, {"heldout.path": heldout, **({"heldout.long_path": long_heldout} if long_heldout else {})})
+    held = {"heldout.path": heldout, **({"heldout.long_path": long_heldout} if long_heldout else {})}
+    refuse_overlap({"doc": doc}, held)
+    for key, path in held.items():  # a wrong path is one line now, not after every model has trained
+        check_source(path, key)
     check_time_budget(time_budget, calibration_reps)
     ckpts, train_info = [], {}
     extras = {name: list((model_overrides or {}).get(name, [])) for name in models}

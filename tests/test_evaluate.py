@@ -326,3 +326,12 @@ def test_uniprot_dat_input_scores_every_residue():
     lengths = [len(r.seq) for r in records]
     for label, lo, hi in BUCKETS:
         assert m["buckets"][label]["num_sequences"] == sum(lo <= n <= hi for n in lengths)
+
+
+def test_compare_refuses_a_missing_long_heldout_before_training(tmp_path):
+    from protein_performer.compare import compare
+    missing = tmp_path / "long.fasta.gz"
+    with pytest.raises(FileNotFoundError, match=f"heldout.long_path={missing}: no such file"):
+        compare(["performer"], ["trainer.max_steps=1"], ROOT / "data/heldout/uniprotkb_mix_heldout_2k.fasta.gz",
+                tmp_path / "out", long_heldout=missing)
+    assert not (tmp_path / "out").exists()                # nothing trained, nothing written

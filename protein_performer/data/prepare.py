@@ -112,6 +112,12 @@ def _work(task) -> BlockResult:
     return by_split(block, vf, tf, tokenizer.eos_id)
 
 
+#: how the worker pool starts. Not "fork": the caller may already run threads (torch's, a logger's),
+#: and a child forked while one of them holds a lock can hang the pool (CI hung so once).
+#: benchmarks/data.py sets "spawn": its workers must be its own children for their CPU time to count.
+POOL_START = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
 class _Ordered:
     """Runs tasks on a pool (or inline with 0 workers), yielding results in submission
     order with a bounded number in flight, so a gzip reader never runs far ahead."""
@@ -119,9 +125,7 @@ class _Ordered:
     def __init__(self, workers: int):
         self.pool = None
         if workers > 0:
-            # Not "fork": the caller may already run threads (torch's, a logger's), and a
-            # child forked while one of them holds a lock can hang the pool.
-            ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+            ctx = mp.get_context(POOL_START)
             self.pool = ctx.Pool(workers)
         self.depth = max(2, 2 * workers)
 
