@@ -156,7 +156,8 @@ def calibrate(models: Sequence[str], train_overrides: Sequence[str], extras: dic
         log.info("%s: %s s per step by crop -> %d steps in %.0f s", name,
                  {c: round(t, 3) for c, t in costs[name].items()}, steps[name], seconds)
     return {"seconds": seconds, "reps": reps, "steps": steps,
-            "seconds_per_step": {n: {str(c): round(t, 4) for c, t in per.items()} for n, per in costs.items()}}
+            # unrounded: the steps are recomputed from these (a rounded cost can buy one step more or less)
+            "seconds_per_step": {n: {str(c): float(t) for c, t in per.items()} for n, per in costs.items()}}
 
 
 #: training-config keys that do not change the trained model (a reused run may differ in them)
