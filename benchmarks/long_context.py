@@ -69,7 +69,8 @@ def per_protein(names, models, records) -> list[str]:
     for r in records:
         ppl = [E.evaluate_model(m, [r.sequence], progress=False)["perplexity"] for m in models]
         gap, size = 100 * (ppl[0] / ppl[1] - 1), len(zlib.compress(r.sequence.encode(), 9)) / len(r.sequence)
-        gaps.append(gap), sizes.append(size)
+        gaps.append(gap)
+        sizes.append(size)
         rows.append([r.id, f"{len(r.sequence):,}", f"{ppl[0]:.3f}", f"{ppl[1]:.3f}", f"{gap:+.2f} %", f"{size:.3f}"])
         print(" | ".join(rows[-1]), flush=True)
     order = np.argsort(gaps)[::-1]
@@ -100,6 +101,8 @@ def main() -> None:
     for spec in args.ckpt:
         if not spec.partition("=")[2]:
             ap.error(f"--ckpt {spec}: NAME=PATH (the label of the table's rows, then the checkpoint)")
+        if not Path(spec.partition("=")[2]).exists():
+            ap.error(f"--ckpt {spec}: no such checkpoint or exported directory")
     from protein_performer.formats.fasta import read_fasta
     from protein_performer.hub.load import load_model
     records = list(read_fasta(args.heldout))
