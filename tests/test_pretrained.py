@@ -438,3 +438,33 @@ def test_transformers_code_knows_every_registered_kernel():
                   and getattr(n.targets[0], "id", None) == "LINEAR_KERNELS")
     assert set(listed) == {k for k, spec in REGISTRY.items() if spec.build is not None}
     assert "exact" in REGISTRY and REGISTRY["exact"].build is None
+
+
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_local_heads_reach_the_export_and_transformers(tmp_path, transformers, objective):
+    """attention.local_heads (exact attention in a window, the first heads) travels into config.json; the
+    transformers code computes the checkpoint's logits, which differ from the same weights without the
+    local head (so the window is what it computes, not a no-op)."""
+    ckpt = make_checkpoint(tmp_path / "run", "softmax", objective, local_heads=1, local_window=5)
+    out = export(ckpt, tmp_path / "export")
+    attention = json.loads((out / "config.json").read_text())["attention"]
+    assert (attention["local_heads"], attention["local_window"]) == (1, 5)
+    proteins = real_proteins()
+    tokens, pad = batch(proteins)
+    enc = transformers.AutoTokenizer.from_pretrained(out)(proteins, return_tensors="pt", padding=True)
+    auto = transformers.AutoModelForMaskedLM if objective == "mlm" else transformers.AutoModelForCausalLM
+    task = load_checkpoint(str(ckpt))
+    with torch.no_grad():
+        got = auto.from_pretrained(out, trust_remote_code=True)(**enc).logits
+        ref = task.model(tokens, pad)
+        config = task.model.config.to_dict()
+        plain = ProteinLM(model={**config, "attention": {**config["attention"], "local_heads": 0}},
+                          objective=objective).model
+        plain.load_state_dict(task.model.state_dict(), strict=False)
+        other = plain.eval()(tokens, pad)
+    real = ~pad
+    torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
+    assert (other[real] - ref[real]).abs().max() > 1e-2
+    model, _ = load_pretrained(out)
+    with torch.no_grad():
+        assert torch.equal(model(tokens, pad), ref)

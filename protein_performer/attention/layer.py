@@ -30,6 +30,7 @@ from .feature_maps import KERNELS, NB_FEATURES, FavorPlus, FavorPlusPlus, build_
 from .fused_favor import fused_favor_attention
 from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, head_groups, init_linear_state,
                      linear_attention, recurrent_linear_attention)
+from .local import local_attention, local_decode
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
@@ -90,6 +91,8 @@ class Attention(nn.Module):
         relu_projection: the "relu" kernel with (True) or without a random projection.
         backend: the causal linear path: "auto" (fla on CUDA when it imports), "torch" or "fla"
             (fla_backend.py; resolved per device at the first forward, logged once).
+        local_heads: the first this many heads attend exactly inside a sliding window of
+            ``local_window`` positions (local.py: why); the others through ``kernel``.
     """
 
     def __init__(self, dim: int, heads: int, kernel: str = "softmax", nb_features: int = NB_FEATURES,
@@ -97,7 +100,7 @@ class Attention(nn.Module):
                  causal: bool = False, dropout: float = 0.0, rotary: bool = True, orthogonal: bool = True,
                  seed: int = 0, head_dim: int | None = None, bias: bool = False,
                  relu_projection: bool = True, rotary_base: float = 10000.0, run_seed: int = 0,
-                 backend: str = "auto"):
+                 backend: str = "auto", local_heads: int = 0, local_window: int = 128):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
@@ -105,12 +108,15 @@ class Attention(nn.Module):
             if dim % heads:
                 raise ValueError(f"dim={dim} is not divisible by heads={heads}")
             head_dim = dim // heads
+        if not 0 <= local_heads < heads or local_window < 1:
+            raise ValueError(f"local_heads={local_heads} must be in [0, heads={heads}) and local_window={local_window} >= 1")
         if kernel == "trig":
             warnings.warn("attention kernel 'trig' (random Fourier features) can give near-zero or negative "
                           "normalizers: outputs are floored, not right; unsafe for training", stacklevel=2)
         self.dim, self.heads, self.head_dim, self.kernel = dim, heads, head_dim, kernel
         self.causal, self.chunk_size, self.seed, self.run_seed = causal, chunk_size, seed, int(run_seed or 0)
         self.redraw_interval = redraw_interval or 0
+        self.local_heads, self.local_window = int(local_heads), int(local_window)
         self.backend, self._resolved = backend, None       # _resolved: (device type, "torch" | "fla")
         inner = heads * head_dim
         self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
@@ -120,7 +126,7 @@ class Attention(nn.Module):
         self.rotary = RotaryEmbedding(head_dim, rotary_base) if rotary else None
         self.feature_map = build_feature_map(kernel, head_dim, nb_features, orthogonal,
                                              torch.Generator().manual_seed(projection_seed(seed, 0, self.run_seed)),
-                                             heads=heads, relu_projection=relu_projection)
+                                             heads=heads - self.local_heads, relu_projection=relu_projection)
         self.forward_calls = 0
         self.redraws = 0
 
@@ -181,31 +187,41 @@ class Attention(nn.Module):
             key_padding_mask = key_padding_mask.bool()
             if not key_padding_mask.any():
                 key_padding_mask = None
-        if self.feature_map is None:
-            out = softmax_attention_sdpa(q, k, v, self.causal, key_padding_mask,
-                                         self.dropout if self.training else 0.0)
-        else:
-            fm = self.feature_map
-            out = self.drop(kernel_attention(fm, q, k, v, self.causal, key_padding_mask, self.chunk_size,
-                                             self._backend(x.device)))
-            if self.training and isinstance(fm, FavorPlusPlus):
-                fm.update_rho(q.detach(), k.detach(), key_padding_mask)  # used from the next call on
+        n = self.local_heads
+        out = self._global(q[:, n:], k[:, n:], v[:, n:], key_padding_mask, x.device)
+        if n:
+            local = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, key_padding_mask)
+            out = torch.cat([self.drop(local), out], dim=1)
         return self._merge(out)
+
+    def _global(self, q, k, v, key_padding_mask, device) -> torch.Tensor:
+        """The heads that see the whole sequence: exact SDPA or the kernel."""
+        if self.feature_map is None:
+            return softmax_attention_sdpa(q, k, v, self.causal, key_padding_mask, self.dropout if self.training else 0.0)
+        fm = self.feature_map
+        out = self.drop(kernel_attention(fm, q, k, v, self.causal, key_padding_mask, self.chunk_size,
+                                         self._backend(device)))
+        if self.training and isinstance(fm, FavorPlusPlus):
+            fm.update_rho(q.detach(), k.detach(), key_padding_mask)  # used from the next call on
+        return out
 
     # -- recurrent decoding ------------------------------------------------------------------
     def init_state(self, batch_size: int, device=None) -> dict:
-        """Empty decoding state: position 0 and per-head (S, Z) in fp32 (or a KV cache for exact)."""
+        """Empty decoding state: position 0 and per-head (S, Z) in fp32 (or a KV cache for exact);
+        the local heads' keys and values of the last local_window - 1 positions under "local"."""
         device = device if device is not None else self.to_qkv.weight.device
+        H = self.heads - self.local_heads
+        empty = torch.zeros(batch_size, self.local_heads, 0, self.head_dim, device=device, dtype=self.to_qkv.weight.dtype)
+        local = {"local": (empty, empty.clone())} if self.local_heads else {}
         if self.feature_map is None:
-            dtype = self.to_qkv.weight.dtype
-            empty = torch.zeros(batch_size, self.heads, 0, self.head_dim, device=device, dtype=dtype)
-            return {"pos": 0, "k": empty, "v": empty.clone()}
+            empty = empty.new_zeros(batch_size, H, 0, self.head_dim)
+            return {"pos": 0, "k": empty, "v": empty.clone(), **local}
         dtype = torch.promote_types(self.to_qkv.weight.dtype, torch.float32)
-        S, Z, m = init_linear_state(batch_size, self.heads, self.feature_map.num_features, self.head_dim,
+        S, Z, m = init_linear_state(batch_size, H, self.feature_map.num_features, self.head_dim,
                                     device=device, dtype=dtype)
-        state = {"pos": 0, "S": S, "Z": Z, "m": m}
+        state = {"pos": 0, "S": S, "Z": Z, "m": m, **local}
         if self.feature_map.has_normalizer_floor:
-            state["floor"] = torch.zeros(batch_size, self.heads, 1, device=device, dtype=dtype)
+            state["floor"] = torch.zeros(batch_size, H, 1, device=device, dtype=dtype)
         return state
 
     def step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
@@ -218,6 +234,10 @@ class Attention(nn.Module):
         x = x_t.unsqueeze(1) if one else x_t
         T = x.shape[1]
         q, k, v = self._qkv(x, offset=pos)                      # (B, H, T, dh)
+        n, local = self.local_heads, None
+        if n:
+            local, local_cache = local_decode(q[:, :n], k[:, :n], v[:, :n], self.local_window, state["local"])
+            q, k, v = q[:, n:], k[:, n:], v[:, n:]
         if self.feature_map is None:
             K = torch.cat([state["k"], k], dim=2)
             V = torch.cat([state["v"], v], dim=2)
@@ -236,10 +256,13 @@ class Attention(nn.Module):
             out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps,
                                                        initial_state=(state["S"], state["Z"], state["m"]),
                                                        output_final_state=True)
+        if n:
+            out, new["local"] = torch.cat([local, out], dim=1), local_cache
         out = self._merge(out)
         return (out.squeeze(1) if one else out), new
 
     def extra_repr(self) -> str:
         return (f"kernel={self.kernel!r}, heads={self.heads}, head_dim={self.head_dim}, "
                 f"nb_features={self.num_features}, causal={self.causal}, chunk_size={self.chunk_size}, "
-                f"redraw_interval={self.redraw_interval}, seed={self.seed}")
+                f"redraw_interval={self.redraw_interval}, seed={self.seed}"
+                + (f", local_heads={self.local_heads}, local_window={self.local_window}" if self.local_heads else ""))

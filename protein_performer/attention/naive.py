@@ -56,6 +56,22 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     return torch.softmax(logits, dim=-1) @ v
 
 
+def local_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool = False,
+                            key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Exact softmax attention restricted to the band |i - j| < window (causal: 0 <= i - j < window),
+    the full L x L matrix masked; a query always sees itself."""
+    L = q.shape[-2]
+    i = torch.arange(L, device=q.device)
+    diff = i[:, None] - i[None, :]
+    band = ((diff >= 0) & (diff < window)) if causal else (diff.abs() < window)
+    allowed = band[None, None]
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :].bool()
+    allowed = allowed | torch.eye(L, dtype=torch.bool, device=q.device)
+    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
 def _visible(rows: torch.Tensor, L: int, causal: bool) -> torch.Tensor:
     """(n, L) bool: key j visible to query position rows[i]."""
     j = torch.arange(L, device=rows.device)

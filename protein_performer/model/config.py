@@ -22,6 +22,8 @@ class AttentionConfig:
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
     run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
     backend: str = "auto"           # causal linear attention: auto (fla on CUDA when it imports) | torch | fla
+    local_heads: int = 0            # the first this many heads: exact softmax in a sliding window (attention/local.py)
+    local_window: int = 128         # their window: query i sees keys j with |i - j| < local_window
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ class ModelConfig:
             _positive_int(f"model.{key}", getattr(self, key))
         _positive_int("model.attention.nb_features", self.attention.nb_features)
         _positive_int("model.attention.chunk_size", self.attention.chunk_size)
+        _positive_int("model.attention.local_window", self.attention.local_window)
+        if isinstance(self.attention.local_heads, bool) or not isinstance(self.attention.local_heads, int) \
+                or not 0 <= self.attention.local_heads < self.heads:
+            raise UserError(f"model.attention.local_heads must be an integer in [0, model.heads={self.heads}), "
+                            f"got {self.attention.local_heads!r}")
         if self.attention.kernel == "trig" and self.attention.nb_features % 2:
             raise UserError(f"model.attention.nb_features={self.attention.nb_features}: the trig kernel "
                             f"needs an even number (sin and cos features)")

@@ -22,6 +22,10 @@ one computed. The causal path walks the sequence chunk by chunk carrying the sta
 (FAVOR+, FAVOR++) hand each key over as phi(k) exp(s) with max phi(k) = 1; a query sees key
 j with weight exp(s_j - M), M the largest s it can see, so nothing overflows.
 
+With ``attention.local_heads`` = n, the first n heads attend exactly (softmax) to the keys within
+``local_window`` positions (|i - j| < window; causal: 0 <= i - j < window), block by block so memory
+stays linear too; the other heads through the kernel.
+
 Logits match protein-performer's to float32 round-off (the export's tests check 1e-5).
 There is no KV cache and no ``generate()``: sample with protein-performer's RNN-mode
 ``scripts/generate.py``.
@@ -145,6 +149,32 @@ def linear_attention(q, k, v, s, causal, chunk_size):
     return torch.cat(out, dim=-2)
 
 
+def local_attention(q, k, v, window, causal, pad):
+    """Exact softmax over the band of ``window`` positions, queries in blocks of ``window`` that see
+    their block and its neighbours (before; and after, bidirectional), masked to the band."""
+    B, H, L, d = q.shape
+    N, w = -(-L // window), window
+    extra = N * w - L
+    offsets = (-1, 0) if causal else (-1, 0, 1)
+
+    def around(x, value=0.0):  # (..., L, d) -> (..., N, len(offsets) * w, d)
+        x = F.pad(x, (0, 0, w, extra + w), value=value).view(*x.shape[:-2], N + 2, w, x.shape[-1])
+        return torch.cat([x[..., 1 + o:1 + o + N, :, :] for o in offsets], dim=-2)
+
+    keys, vals = around(k), around(v)
+    qpos = torch.arange(N * w, device=q.device).view(N, w, 1)
+    kpos = around(torch.arange(L, device=q.device, dtype=torch.float32)[:, None], value=-1e9)[..., 0]  # (N, n w)
+    diff = qpos - kpos[:, None, :]
+    allowed = ((diff >= 0) & (diff < w)) if causal else (diff.abs() < w)
+    if pad is not None:
+        kpad = around(pad[:, :, None].float(), value=1.0)[..., 0].bool()  # (B, N, n w)
+        allowed = allowed & ~kpad[:, :, None, :]
+    allowed = allowed | (diff == 0)
+    out = F.scaled_dot_product_attention(F.pad(q, (0, 0, 0, extra)).view(B, H, N, w, d), keys, vals,
+                                         attn_mask=allowed.unsqueeze(-4))
+    return out.reshape(B, H, N * w, d)[:, :, :L]
+
+
 class Attention(nn.Module):
     def __init__(self, config, causal):
         super().__init__()
@@ -153,6 +183,7 @@ class Attention(nn.Module):
         if self.kernel not in LINEAR_KERNELS + ("exact",):
             raise ValueError(f"unknown attention kernel {self.kernel!r}")
         self.heads, self.head_dim = config.heads, config.dim // config.heads
+        self.local_heads, self.local_window = int(att.get("local_heads", 0)), int(att.get("local_window", 128))
         self.causal, self.dropout = causal, config.dropout
         self.chunk_size = int(att.get("chunk_size") or 128)
         self.rotary = config.position == "rotary"
@@ -162,7 +193,7 @@ class Attention(nn.Module):
         self.to_out = nn.Linear(config.dim, config.dim)
         self.drop = nn.Dropout(config.dropout)
         self.feature_map = None if self.kernel == "exact" else FeatureMap(
-            self.kernel, self.head_dim, self.heads, int(att["nb_features"]),
+            self.kernel, self.head_dim, self.heads - self.local_heads, int(att["nb_features"]),
             bool(att.get("relu_projection", True)))
 
     def forward(self, x, pad):
@@ -170,10 +201,14 @@ class Attention(nn.Module):
         q, k, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary:
             q, k = (rotate(t, self.rotary_base, float32_freqs=self.float32_freqs) for t in (q, k))
+        n = self.local_heads
+        local, q, k, v = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, pad), \
+            q[:, n:], k[:, n:], v[:, n:]
         if self.feature_map is None:
             out = self._exact(q, k, v, pad)
         else:
             out = self.drop(self._linear(q, k, v, pad))
+        out = torch.cat([self.drop(local), out], dim=1)
         return self.to_out(out.transpose(1, 2).reshape(B, L, -1))
 
     def _exact(self, q, k, v, pad):

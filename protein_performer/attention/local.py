@@ -1,0 +1,66 @@
+"""Exact softmax attention inside a sliding window, in O(L x window) time and memory.
+
+Why: a linear kernel summarizes every key into one fixed-size state, so it cannot look up one
+earlier position exactly; proteins are full of short repeats, and copying from them is where
+FAVOR+ loses to exact attention on long proteins (docs/long_proteins.md). A few heads of exact
+attention over a local window (performer-pytorch's ``local_attn_heads``) give the model that
+lookup and stay linear in L.
+
+Query i sees key j when |i - j| < window (bidirectional) or 0 <= i - j < window (causal), and j is
+not padding; a query always sees itself, so no row is empty. The sequence is cut into blocks of
+``window`` positions; each block of queries attends to its own block and its neighbours (the one
+before; and after, when bidirectional), masked to the band. ``naive.local_softmax_attention`` is
+the quadratic reference.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool = False,
+                    key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v (B, H, L, d); key_padding_mask (B, L) True = padding -> (B, H, L, d)."""
+    B, H, L, d = q.shape
+    w = int(window)
+    N = -(-L // w)                                        # blocks
+    pad = N * w - L
+    offsets = (-1, 0) if causal else (-1, 0, 1)
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:          # (B, H, L, d) -> (B, H, N + 2, w, d), a zero block each side
+        return F.pad(x, (0, 0, w, pad + w)).view(*x.shape[:2], N + 2, w, x.shape[-1])
+
+    kb, vb = blocks(k), blocks(v)
+    keys = torch.cat([kb[:, :, 1 + o:1 + o + N] for o in offsets], dim=3)      # (B, H, N, n_off * w, d)
+    vals = torch.cat([vb[:, :, 1 + o:1 + o + N] for o in offsets], dim=3)
+    queries = F.pad(q, (0, 0, 0, pad)).view(B, H, N, w, d)
+
+    # key slot c of block n is position (n + offsets[0]) * w + c; query a of block n is n * w + a
+    n = torch.arange(N, device=q.device)[:, None, None]
+    a = torch.arange(w, device=q.device)[None, :, None]
+    c = torch.arange(len(offsets) * w, device=q.device)[None, None, :]
+    key_pos = (n + offsets[0]) * w + c                   # (N, 1, n_off * w)
+    diff = n * w + a - key_pos                            # query position - key position
+    band = (diff >= 0) & (diff < w) if causal else diff.abs() < w
+    real = (key_pos >= 0) & (key_pos < L)
+    allowed = (band & real)[None]                         # (1, N, w, n_off * w)
+    if key_padding_mask is not None:
+        kp = F.pad(key_padding_mask.bool(), (w, pad + w), value=True).view(B, N + 2, w)
+        kp = torch.cat([kp[:, 1 + o:1 + o + N] for o in offsets], dim=2)     # (B, N, n_off * w)
+        allowed = allowed & ~kp[:, :, None, :]
+    allowed = allowed | (diff == 0)[None]                 # itself: no empty row
+    out = F.scaled_dot_product_attention(queries, keys, vals, attn_mask=allowed[:, None])
+    return out.reshape(B, H, N * w, d)[:, :, :L]
+
+
+def local_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                 cache: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Causal decoding: T new positions (B, H, T, d) after the cached keys and values of the
+    window - 1 positions before them -> (out (B, H, T, d), the new cache, at most window - 1 long:
+    a state whose size does not grow with the position)."""
+    K, V = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+    T, c = q.shape[2], cache[0].shape[2]
+    Q = torch.cat([q.new_zeros(*q.shape[:2], c, q.shape[-1]), q], dim=2)   # cached rows: computed, dropped
+    out = local_attention(Q, K, V, window, causal=True)[:, :, c:]
+    start = max(K.shape[2] - (int(window) - 1), 0)
+    return out, (K[:, :, start:], V[:, :, start:])
