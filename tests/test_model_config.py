@@ -22,7 +22,11 @@ def test_variants_differ_from_the_base_only_in_kernel_and_name(root, variant):
     cfg = dict(compose_model(root, f"model={variant}"))
     assert set(cfg) == set(base)
     assert {k for k in cfg if cfg[k] != base[k]} <= {"name", "attention"}
-    assert {k for k in cfg["attention"] if cfg["attention"][k] != base["attention"][k]} <= {"kernel"}
+    # the exact transformer also drops the local heads (all its heads see the whole protein)
+    changed = {"kernel", "local_heads"} if KERNEL[variant] == "exact" else {"kernel"}
+    assert {k for k in cfg["attention"] if cfg["attention"][k] != base["attention"][k]} <= changed
+    assert all(b.attn.local_heads == (0 if KERNEL[variant] == "exact" else 1) for b in PerformerLM(
+        ModelConfig.from_dict(cfg)).blocks)
     config = ModelConfig.from_dict(cfg)
     assert config.attention.kernel == KERNEL[variant]
     net = PerformerLM(config)

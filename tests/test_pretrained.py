@@ -130,7 +130,8 @@ def test_config_json_holds_the_model_settings(exported):
         "causal": False, "position": "rotary", "max_positions": 64, "tokenizer_version": 1, "global_step": 37}
     # the settings given, and the defaults they relied on written out
     assert config["attention"] == {"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 1000,
-                                   "orthogonal": True, "relu_projection": True, "run_seed": 0}
+                                   "orthogonal": True, "relu_projection": True, "run_seed": 0, "local_heads": 0,
+                                   "local_window": 128}
     assert config["aa_frequencies"] == FREQS
     assert (out / "vocab.txt").read_text().split() == list(TOK.tokens)
     assert is_pretrained_dir(out) and not is_pretrained_dir(ckpt) and not is_pretrained_dir(out.parent)
@@ -449,6 +450,7 @@ def test_local_heads_reach_the_export_and_transformers(tmp_path, transformers, o
     out = export(ckpt, tmp_path / "export")
     attention = json.loads((out / "config.json").read_text())["attention"]
     assert (attention["local_heads"], attention["local_window"]) == (1, 5)
+    assert "1 of 2 heads exact softmax within 5 positions" in (out / "README.md").read_text()
     proteins = real_proteins()
     tokens, pad = batch(proteins)
     enc = transformers.AutoTokenizer.from_pretrained(out)(proteins, return_tensors="pt", padding=True)

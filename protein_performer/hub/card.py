@@ -20,6 +20,9 @@ def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | N
     kernel = REGISTRY[att["kernel"]].label if att["kernel"] in REGISTRY else att["kernel"]
     random = att["kernel"] in REGISTRY and is_random(att["kernel"], att["relu_projection"])
     features = f", {att['nb_features']} random features per head" if random else ""
+    if att.get("local_heads"):
+        features += (f"; {att['local_heads']} of {config['heads']} heads exact softmax within "
+                     f"{att['local_window']} positions (local heads)")
     kind = "masked-language-model (bidirectional)" if obj == "mlm" else "autoregressive (causal)"
     data = _training_data(run)
     lines = [

@@ -22,7 +22,8 @@ class AttentionConfig:
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
     run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
     backend: str = "auto"           # causal linear attention: auto (fla on CUDA when it imports) | torch | fla
-    local_heads: int = 0            # the first this many heads: exact softmax in a sliding window (attention/local.py)
+    local_heads: int = 0            # the first this many heads: exact softmax in a sliding window (attention/local.py);
+                                    # 0 here, so checkpoints saved before the key keep their all-global heads (conf: 1)
     local_window: int = 128         # their window: query i sees keys j with |i - j| < local_window
 
 
