@@ -197,7 +197,9 @@ def checkpoint_qkv(path: str, proteins: int, max_len: int):
     L = min(max_len, len(seqs[-1]))
     tokens = torch.stack([torch.as_tensor(task.tokenizer.encode(s[:L - 2]).astype("int64")) for s in seqs])
     taken = []
-    hooks = [b.attn.register_forward_pre_hook(lambda m, a: taken.append(m._qkv(a[0]))) for b in model.blocks]
+    # the kernel's heads only: local heads (attention/local.py) attend exactly within a window, not through it
+    hooks = [b.attn.register_forward_pre_hook(lambda m, a: taken.append(tuple(t[:, m.local_heads:] for t in m._qkv(a[0]))))
+             for b in model.blocks]
     with torch.no_grad():
         model(tokens)
     for h in hooks:

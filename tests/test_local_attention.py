@@ -74,34 +74,45 @@ def test_decoding_in_pieces_matches_the_parallel_band_with_a_bounded_cache():
     q, k, v = qkv(50)
     ref = local_softmax_attention(q, k, v, 8, causal=True)
     cache, outs = (k[:, :, :0], v[:, :, :0]), []
-    for a, b in [(0, 1), (1, 13), (13, 14), (14, 30), (30, 50)]:
+    for a, b in [(0, 1), (1, 6), (6, 19), (19, 20), (20, 36), (36, 50)]:  # pieces up to and over the window
         out, cache = local_decode(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], 8, cache)
         outs.append(out)
         assert cache[0].shape[2] == min(b, 7)
     torch.testing.assert_close(torch.cat(outs, 2), ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "elu", "exact"])
-def test_layer_local_heads_then_kernel_heads(kernel):
-    """Heads 0..n-1 are the band on their q, k, v; the others are the kernel on theirs; decoding
-    token by token and by prompts gives the parallel forward."""
+@pytest.mark.filterwarnings("ignore:attention kernel 'trig'")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", ["softmax", "favor++", "relu", "trig", "elu", "hedgehog", "exact"])
+def test_layer_local_heads_then_kernel_heads(kernel, causal):
+    """Heads 0..n-1 are the band on their q, k, v; the others are the kernel (its map built for those
+    heads only) on theirs; causal decoding token by token and by prompts gives the parallel forward."""
     torch.manual_seed(0)
-    layer = Attention(32, 4, kernel=kernel, nb_features=16, causal=True, local_heads=1, local_window=6,
+    layer = Attention(32, 4, kernel=kernel, nb_features=16, causal=causal, local_heads=1, local_window=6,
                       redraw_interval=0).double().eval()
     x = torch.randn(2, 40, 32, dtype=torch.float64)
+    pad = None if causal else padding(2, 40)
     q, k, v = layer._qkv(x)
-    local = local_softmax_attention(q[:, :1], k[:, :1], v[:, :1], 6, causal=True)
+    local = local_softmax_attention(q[:, :1], k[:, :1], v[:, :1], 6, causal, pad)
     if kernel == "exact":
-        rest = softmax_attention(q[:, 1:], k[:, 1:], v[:, 1:], causal=True)
+        rest = softmax_attention(q[:, 1:], k[:, 1:], v[:, 1:], causal, pad)
     else:
         fm = layer.feature_map
         qf, (kf, s) = fm(q[:, 1:], is_query=True), fm(k[:, 1:], is_query=False)
-        rest = linear_attention(qf, kf, v[:, 1:], causal=True, k_log_scale=s)
+        floor = fm.normalizer_floor(k[:, 1:], causal, pad)
+        rest = linear_attention(qf, kf, v[:, 1:], causal=causal, key_padding_mask=pad, k_log_scale=s,
+                                eps=fm.normalizer_eps if floor is None else floor)
     ref = layer._merge(torch.cat([local, rest], dim=1))
-    out = layer(x)
-    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+    out = layer(x, pad)
+    real = slice(None) if pad is None else ~pad
+    torch.testing.assert_close(out[real], ref[real], rtol=1e-9, atol=1e-10)
+    if kernel in ("favor++", "hedgehog"):  # per-head parameters for the 3 kernel heads only
+        per_head = layer.feature_map.rho if kernel == "favor++" else layer.feature_map.weight
+        assert per_head.shape[0] == 3
+    if not causal:
+        return
     state, outs = layer.init_state(2), []
-    for a, b in [(0, 1), (1, 15), (15, 16), (16, 40)]:
+    for a, b in [(0, 1), (1, 4), (4, 15), (15, 16), (16, 40)]:
         o, state = layer.step(x[:, a:b], state)
         outs.append(o)
     torch.testing.assert_close(torch.cat(outs, 1), out, rtol=1e-9, atol=1e-10)

@@ -130,8 +130,7 @@ def test_config_json_holds_the_model_settings(exported):
         "causal": False, "position": "rotary", "max_positions": 64, "tokenizer_version": 1, "global_step": 37}
     # the settings given, and the defaults they relied on written out
     assert config["attention"] == {"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 1000,
-                                   "orthogonal": True, "relu_projection": True, "run_seed": 0, "local_heads": 0,
-                                   "local_window": 128}
+                                   "orthogonal": True, "relu_projection": True, "run_seed": 0}
     assert config["aa_frequencies"] == FREQS
     assert (out / "vocab.txt").read_text().split() == list(TOK.tokens)
     assert is_pretrained_dir(out) and not is_pretrained_dir(ckpt) and not is_pretrained_dir(out.parent)

@@ -2,7 +2,8 @@
 
 ``Attention(dim, heads, kernel=...)`` maps (B, L, dim) -> (B, L, dim).  The kernel is a
 config choice ("softmax" = FAVOR+, "favor++", "relu", "trig", "elu", "hedgehog", "exact"); everything
-else (projections, rotary embedding, recurrent decoding) is shared.
+else (projections, rotary embedding, recurrent decoding) is shared.  With ``local_heads`` = n, heads
+0..n-1 attend exactly within a sliding window instead (local.py), the others through the kernel.
 
 Redraw schedule
 ---------------

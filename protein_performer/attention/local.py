@@ -60,7 +60,11 @@ def local_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
     a state whose size does not grow with the position)."""
     K, V = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
     T, c = q.shape[2], cache[0].shape[2]
-    Q = torch.cat([q.new_zeros(*q.shape[:2], c, q.shape[-1]), q], dim=2)   # cached rows: computed, dropped
-    out = local_attention(Q, K, V, window, causal=True)[:, :, c:]
+    if T <= window:  # a token or a short prompt: its (T, c + T) band directly
+        diff = torch.arange(c, c + T, device=q.device)[:, None] - torch.arange(c + T, device=q.device)[None, :]
+        out = F.scaled_dot_product_attention(q, K, V, attn_mask=(diff >= 0) & (diff < window))
+    else:            # a long prompt: blockwise, the cached rows computed and dropped
+        Q = torch.cat([q.new_zeros(*q.shape[:2], c, q.shape[-1]), q], dim=2)
+        out = local_attention(Q, K, V, window, causal=True)[:, :, c:]
     start = max(K.shape[2] - (int(window) - 1), 0)
     return out, (K[:, :, start:], V[:, :, start:])

@@ -105,6 +105,8 @@ class ModelConfig:
         a process runs it, not what it computes."""
         d = asdict(self)
         d["attention"].pop("backend")
+        if not d["attention"]["local_heads"]:  # as models without local heads were written before the key
+            del d["attention"]["local_heads"], d["attention"]["local_window"]
         return d
 
 

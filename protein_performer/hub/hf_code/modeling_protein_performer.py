@@ -163,9 +163,10 @@ def local_attention(q, k, v, window, causal, pad):
 
     keys, vals = around(k), around(v)
     qpos = torch.arange(N * w, device=q.device).view(N, w, 1)
-    kpos = around(torch.arange(L, device=q.device, dtype=torch.float32)[:, None], value=-1e9)[..., 0]  # (N, n w)
-    diff = qpos - kpos[:, None, :]
+    kpos = (torch.arange(N, device=q.device)[:, None] + offsets[0]) * w + torch.arange(len(offsets) * w, device=q.device)
+    diff = qpos - kpos[:, None, :]  # key slot c of block n is position (n + offsets[0]) * w + c
     allowed = ((diff >= 0) & (diff < w)) if causal else (diff.abs() < w)
+    allowed = allowed & ((kpos >= 0) & (kpos < L))[:, None, :]
     if pad is not None:
         kpad = around(pad[:, :, None].float(), value=1.0)[..., 0].bool()  # (B, N, n w)
         allowed = allowed & ~kpad[:, :, None, :]
@@ -201,14 +202,16 @@ class Attention(nn.Module):
         q, k, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary:
             q, k = (rotate(t, self.rotary_base, float32_freqs=self.float32_freqs) for t in (q, k))
-        n = self.local_heads
-        local, q, k, v = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, pad), \
-            q[:, n:], k[:, n:], v[:, n:]
+        n, local = self.local_heads, None
+        if n:
+            local = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, pad)
+            q, k, v = q[:, n:], k[:, n:], v[:, n:]
         if self.feature_map is None:
             out = self._exact(q, k, v, pad)
         else:
             out = self.drop(self._linear(q, k, v, pad))
-        out = torch.cat([self.drop(local), out], dim=1)
+        if n:
+            out = torch.cat([self.drop(local), out], dim=1)
         return self.to_out(out.transpose(1, 2).reshape(B, L, -1))
 
     def _exact(self, q, k, v, pad):
