@@ -466,6 +466,11 @@ def test_local_heads_reach_the_export_and_transformers(tmp_path, transformers, o
     real = ~pad
     torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
     assert (other[real] - ref[real]).abs().max() > 1e-2
+    one = tokens[:1, :int(real[0].sum())]  # no attention mask: the blocks' tail beyond the protein is no key
+    assert one.shape[1] % 5
+    with torch.no_grad():
+        alone = auto.from_pretrained(out, trust_remote_code=True)(input_ids=one).logits
+        torch.testing.assert_close(alone, task.model(one), atol=1e-5, rtol=0)
     model, _ = load_pretrained(out)
     with torch.no_grad():
         assert torch.equal(model(tokens, pad), ref)
