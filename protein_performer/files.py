@@ -13,6 +13,7 @@ No torch import: the data preparation and the CLI use this module too.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -50,6 +51,27 @@ def temp_path(path: str | Path) -> Path:
     """Where ``path``'s new content is written before the rename: beside it, hidden, per process."""
     path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def remove_dead_temporaries(path: str | Path) -> None:
+    """Remove ``temp_path(path)`` files of processes that no longer run: a kill inside
+    :func:`atomic_path` leaves one, named by its pid (only this tool writes that name)."""
+    path = Path(path)
+    prefix = f".{path.name}."
+    for p in path.parent.glob(f"{glob.escape(prefix)}*.tmp") if path.parent.is_dir() else ():
+        pid = p.name[len(prefix):-len(".tmp")]
+        if pid.isdigit() and not process_alive(int(pid)):
+            remove_path(p)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -128,6 +150,7 @@ class WrittenFiles:
 
     def __init__(self, journal: str | Path):
         self.journal = Path(journal)
+        remove_dead_temporaries(self.journal)  # a kill inside the journal's own atomic write
         self.paths: list[str] = []
         if self.journal.is_file():
             try:

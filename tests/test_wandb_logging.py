@@ -7,6 +7,7 @@ import hashlib
 import json
 import resource
 import struct
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,6 +38,8 @@ def wandb_records(path: Path):
         if kind == 0:  # block trailer (padding)
             pos += left
             continue
+        if pos + 7 + n > len(raw):  # a record still being written
+            return
         pieces += raw[pos + 7:pos + 7 + n]
         pos += 7 + n
         if kind in (1, 4):
@@ -46,10 +49,21 @@ def wandb_records(path: Path):
             pieces = b""
 
 
-def read_offline_run(save_dir: Path) -> dict:
+def read_offline_run(save_dir: Path, wait_s: float = 60) -> dict:
+    """The run's config, history rows and artifacts, once its log holds the final ``exit`` record:
+    ``wandb.finish()`` can return before wandb-core has flushed the log to disk (a run read at
+    once was seen without its config records under load)."""
     (path,) = glob.glob(str(save_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = list(wandb_records(Path(path)))
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert "exit" in kinds, f"{path}: no exit record after {wait_s} s; records: {kinds}"
     run = {"config": {}, "history": [], "artifacts": []}
-    for r in wandb_records(Path(path)):
+    for r in records:
         kind = r.WhichOneof("record_type")
         if kind == "config":
             run["config"].update({u.key: json.loads(u.value_json) for u in r.config.update})
