@@ -1,5 +1,6 @@
 """benchmarks/long_context.py --per-protein: each protein's figures are evaluate's on that protein
 alone, the gap is their ratio, and the repeat measure is zlib's size (a repeat compresses)."""
+import math
 import random
 import statistics
 import zlib
@@ -43,5 +44,26 @@ def test_per_protein_reports_each_protein_alone_and_its_compressed_size(tmp_path
     order = [line.strip("| ").split(" | ")[0] for line in lines if line.startswith(("| rep", "| other", "| half"))]
     assert order == sorted(gaps, key=gaps.get, reverse=True)              # largest gap first
     r = statistics.correlation([exact_gap[k] for k in order], [exact_size[k] for k in order])
+    scores = {r.id: [E.evaluate_model(m, [r.sequence], progress=False) for m in models] for r in records}
+    nll = [sum(v[i]["loss"] * v[i]["num_tokens"] for v in scores.values()) for i in (0, 1)]
+    n = sum(v[0]["num_tokens"] for v in scores.values())
+    pooled = 100 * (math.exp(nll[0] / n) / math.exp(nll[1] / n) - 1)       # as evaluate pools a bucket
+    assert lines[-3].startswith(f"a against b over the 3 proteins (pooled as a length bucket): {pooled:+.2f} % (95 % interval ")
     assert lines[-1] == (f"a behind on {sum(g > 0 for g in gaps.values())} of 3 proteins; correlation of the gap "
                          f"with the compressed size: r = {r:.2f}")
+
+
+def test_set_gap_pools_tokens_and_its_interval_covers_the_spread_between_proteins():
+    # by hand: NLL 2 + 4 against 1 + 1 over 1 + 3 tokens -> exp(6/4 - 2/4) - 1
+    gap, low, high = long_context.set_gap([2.0, 4.0], [1.0, 1.0], [1, 3])
+    assert abs(gap - 100 * (math.e - 1)) < 1e-9 and low <= gap <= high
+    # the same per-token shift in every protein: every resample gives it, the interval is a point
+    b, n = [30.0, 55.0, 12.0, 80.0], [10, 20, 5, 30]
+    a = [x + 0.01 * k for x, k in zip(b, n)]
+    gap, low, high = long_context.set_gap(a, b, n)
+    assert abs(gap - 100 * math.expm1(0.01)) < 1e-9 and abs(low - gap) < 1e-9 and abs(high - gap) < 1e-9
+    # one protein far behind, the rest level: the pooled gap is positive, the interval reaches 0 (the
+    # resamples without that protein) and above the pooled gap (those with it twice)
+    a = b[:3] + [b[3] + 0.2 * n[3]]
+    gap, low, high = long_context.set_gap(a, b, n)
+    assert gap > 0 and abs(low) < 1e-9 and high > gap
