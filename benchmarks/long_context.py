@@ -82,6 +82,9 @@ def per_protein(names, models, records) -> list[str]:
     for r in records:
         scores = [E.evaluate_model(m, [r.sequence], progress=False) for m in models]
         ppl = [s["perplexity"] for s in scores]
+        if scores[0]["num_tokens"] != scores[1]["num_tokens"]:
+            raise SystemExit(f"{r.id}: {names[0]} scored {scores[0]['num_tokens']} tokens, {names[1]} "
+                             f"{scores[1]['num_tokens']}: two checkpoints of the same objective, please")
         tokens.append(scores[0]["num_tokens"])  # the same masks: the same scored tokens in both
         for i, s in enumerate(scores):
             nll[i].append(s["loss"] * s["num_tokens"])

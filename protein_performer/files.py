@@ -55,21 +55,24 @@ def temp_path(path: str | Path) -> Path:
 
 def remove_dead_temporaries(path: str | Path) -> None:
     """Remove ``temp_path(path)`` files of processes that no longer run: a kill inside
-    :func:`atomic_path` leaves one, named by its pid (only this tool writes that name)."""
+    :func:`atomic_path` leaves one, named by its pid (only this tool writes that name). Pids
+    are this machine's: call it only where this process owns the folder (a lock, rank zero),
+    never where a process on another node may be writing."""
     path = Path(path)
     prefix = f".{path.name}."
     for p in path.parent.glob(f"{glob.escape(prefix)}*.tmp") if path.parent.is_dir() else ():
         pid = p.name[len(prefix):-len(".tmp")]
-        if pid.isdigit() and not process_alive(int(pid)):
+        if pid.isascii() and pid.isdigit() and not process_alive(int(pid)):
             remove_path(p)
 
 
 def process_alive(pid: int) -> bool:
+    """False only when no process ``pid`` exists here (unsure: True, the file stays)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process
+    except (OSError, OverflowError, ValueError):  # someone else's process, or no valid pid
         return True
     return True
 
@@ -150,7 +153,6 @@ class WrittenFiles:
 
     def __init__(self, journal: str | Path):
         self.journal = Path(journal)
-        remove_dead_temporaries(self.journal)  # a kill inside the journal's own atomic write
         self.paths: list[str] = []
         if self.journal.is_file():
             try:
@@ -184,6 +186,11 @@ class WrittenFiles:
             self.paths.remove(key)
             self._keys.discard(key)
             write_json(self.journal, {"written": self.paths})
+
+    def remove_dead_temporaries(self) -> None:
+        """What a kill inside the journal's own atomic write left (it cannot record its own
+        temporary file); only where this process owns the folder."""
+        remove_dead_temporaries(self.journal)
 
     def path_of(self, key: str) -> Path:
         p = Path(key)

@@ -62,17 +62,20 @@ def test_journal_removes_only_recorded(tmp_path):
 
 def test_journal_sweeps_the_temporary_a_killed_write_of_itself_left(tmp_path):
     """A SIGKILL inside the journal's atomic write leaves ``.<journal name>.<pid>.tmp``; the next
-    process to open the journal removes it, and only it: a live process's temporary and a
-    user's look-alike names stay."""
+    owner of the folder removes it, and only it: a live process's temporary and a user's
+    look-alike names stay."""
     journal = tmp_path / ".written.json"
     files.WrittenFiles(journal).record(tmp_path / "a.txt")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     left = tmp_path / f"..written.json.{int(dead.stdout)}.tmp"  # temp_path's name in that process
     live = files.temp_path(journal)  # this process's own, mid-write
-    user = [tmp_path / "..written.json.mine.tmp", tmp_path / ".written.json.123.tmp", tmp_path / "..other.json.1.tmp"]
+    user = [tmp_path / "..written.json.mine.tmp", tmp_path / ".written.json.123.tmp", tmp_path / "..other.json.1.tmp",
+            tmp_path / "..written.json.\u00b2.tmp", tmp_path / f"..written.json.{'9' * 30}.tmp"]  # no pid: kept, no crash
     for p in (left, live, *user):
         p.write_text('{"written": []}\n')
     again = files.WrittenFiles(journal)
+    assert left.exists()  # opening only reads: the sweep is explicit, where the process owns the folder
+    again.remove_dead_temporaries()
     assert not left.exists()
     assert live.exists() and all(p.exists() for p in user)
     assert again.paths == ["a.txt"]

@@ -57,6 +57,9 @@ def test_set_gap_pools_tokens_and_its_interval_covers_the_spread_between_protein
     # by hand: NLL 2 + 4 against 1 + 1 over 1 + 3 tokens -> exp(6/4 - 2/4) - 1
     gap, low, high = long_context.set_gap([2.0, 4.0], [1.0, 1.0], [1, 3])
     assert abs(gap - 100 * (math.e - 1)) < 1e-9 and low <= gap <= high
+    # per-token gaps of 1 and 2/3 nats: pooled by tokens (3/4 nat), not the mean of the proteins' gaps
+    gap, _, _ = long_context.set_gap([2.0, 3.0], [1.0, 1.0], [1, 3])
+    assert abs(gap - 100 * math.expm1(0.75)) < 1e-9
     # the same per-token shift in every protein: every resample gives it, the interval is a point
     b, n = [30.0, 55.0, 12.0, 80.0], [10, 20, 5, 30]
     a = [x + 0.01 * k for x, k in zip(b, n)]

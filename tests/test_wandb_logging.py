@@ -53,11 +53,14 @@ def read_offline_run(save_dir: Path, wait_s: float = 60) -> dict:
     """The run's config, history rows and artifacts, once its log holds the final ``exit`` record:
     ``wandb.finish()`` can return before wandb-core has flushed the log to disk (a run read at
     once was seen without its config records under load)."""
-    (path,) = glob.glob(str(save_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
-    deadline = time.monotonic() + wait_s
+    deadline, path, kinds = time.monotonic() + wait_s, None, []
     while True:
-        records = list(wandb_records(Path(path)))
-        kinds = [r.WhichOneof("record_type") for r in records]
+        paths = glob.glob(str(save_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+        assert len(paths) <= 1, paths
+        if paths:
+            path = Path(paths[0])
+            records = list(wandb_records(path))
+            kinds = [r.WhichOneof("record_type") for r in records]
         if "exit" in kinds or time.monotonic() > deadline:
             break
         time.sleep(0.1)

@@ -54,6 +54,7 @@ class PtOutput:
         self.done = set() if overwrite else {k[: -len(".pt")] for k in mine}  # escaped names
 
     def open(self):
+        self.written.remove_dead_temporaries()  # under the pt_dir's lock
         if self.overwrite:
             self.written.remove_all()  # only what earlier embed runs recorded writing
         self.written.record(self.settings, self.staging, *(p for p in self.files if p.stem not in self.done))

@@ -174,7 +174,9 @@ def save_whole(written, path: str | Path, save) -> None:
 
 
 def remove_stale_temporaries(written) -> None:
-    """Temporary files a killed run recorded (``save_whole``) and left behind."""
+    """Temporary files a killed run recorded (``save_whole``) and left behind, and the journal's
+    own (rank zero only: a pid means nothing on another node)."""
+    written.remove_dead_temporaries()
     for key in list(written.paths):
         p = written.path_of(key)
         if p.name.startswith(".") and p.name.endswith(".tmp"):
