@@ -19,7 +19,8 @@ The table is printed and, with ``--doc``, put between this script's markers in t
 ``--per-protein`` (two checkpoints A, B): each protein longer than ``--min-length`` scored alone
 (the same masks), A's perplexity against B's, and how much the protein repeats itself (zlib's
 compressed bytes per residue: repeats compress); prints the table, the pooled gap with a paired
-bootstrap interval over proteins, and the correlation of the gap with that size. Where a kernel loses a bucket, this says whether a few proteins, and which kind, hold it.
+bootstrap interval over proteins, and the correlation of the gap with that size. Where a kernel
+loses a bucket, this says whether a few proteins, and which kind, hold it.
 """
 from __future__ import annotations
 
