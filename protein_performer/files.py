@@ -53,17 +53,25 @@ def temp_path(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def remove_dead_temporaries(path: str | Path) -> None:
-    """Remove ``temp_path(path)`` files of processes that no longer run: a kill inside
-    :func:`atomic_path` leaves one, named by its pid (only this tool writes that name). Pids
-    are this machine's: call it only where this process owns the folder (a lock, rank zero),
+def dead_temporaries(path: str | Path) -> list[Path]:
+    """``temp_path(path)`` files of processes that no longer run: what a kill inside
+    :func:`atomic_path` leaves, named by its pid (only this tool writes that name). Pids are
+    this machine's: act on them only where this process owns the folder (a lock, rank zero),
     never where a process on another node may be writing."""
     path = Path(path)
     prefix = f".{path.name}."
-    for p in path.parent.glob(f"{glob.escape(prefix)}*.tmp") if path.parent.is_dir() else ():
+    found = []
+    for p in sorted(path.parent.glob(f"{glob.escape(prefix)}*.tmp")) if path.parent.is_dir() else ():
         pid = p.name[len(prefix):-len(".tmp")]
         if pid.isascii() and pid.isdigit() and not process_alive(int(pid)):
-            remove_path(p)
+            found.append(p)
+    return found
+
+
+def remove_dead_temporaries(path: str | Path) -> None:
+    """Remove :func:`dead_temporaries` of ``path`` (only where this process owns the folder)."""
+    for p in dead_temporaries(path):
+        remove_path(p)
 
 
 def process_alive(pid: int) -> bool:

@@ -31,7 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import UserError, first_line
-from .files import WrittenFiles, atomic_path, exclusive_lock, refuse_overlap, write_json, write_text
+from .files import (WrittenFiles, atomic_path, dead_temporaries, exclusive_lock, refuse_overlap, remove_path,
+                    write_json, write_text)
 from .hub.export import FINETUNE_CONFIG as CONFIG
 from .model.heads import FineTuneNet
 from .formats.fasta import read_fasta
@@ -45,6 +46,7 @@ TASKS = ("classification", "regression", "residue")
 SPLITS = ("train", "valid", "test")
 METRICS, PREDICTIONS, WEIGHTS = "metrics.json", "predictions.csv", "model.safetensors"
 JOURNAL = ".finetune-files.json"  # what finetune wrote into output_dir: what a rerun may replace
+OUTPUTS = (WEIGHTS, CONFIG, PREDICTIONS, METRICS, JOURNAL)
 MISSING = {"", "na", "n/a", "nan", "null", "none"}
 IGNORE = -100  # per-residue targets at <cls>, <eos> and padding
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
@@ -453,7 +455,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         except (TypeError, ValueError) as e:  # an unknown or bad trainer.* setting (MisconfigurationException too)
             raise UserError(f"trainer: {first_line(e)}") from e
         with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}"):
-            _check_output(out, overwrite)  # again: another run may have written it since
+            _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
             probe = probe_head_init(net, data["train"], max_tokens, scale, seed) if head_init == "probe" else None
@@ -555,22 +557,29 @@ def format_metrics(result: dict) -> str:
 
 
 # --- outputs ----------------------------------------------------------------------------
-def _check_output(out: Path, overwrite: bool) -> None:
+def _check_output(out: Path, overwrite: bool, sweep: bool = False) -> None:
     """Before any work: ``output_dir`` is new, empty, or (with overwrite) an earlier finetune
-    output holding only what finetune wrote."""
+    output holding only what finetune wrote. A kill inside one of finetune's atomic writes
+    leaves a temporary no journal can list (the journal's own, too): those of dead processes
+    count as finetune's, and ``sweep`` (under the output's lock) removes them."""
     if out.exists() and not out.is_dir():
         raise UserError(f"output_dir {out}: exists and is not a directory")
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir():
         return
-    if not (out / JOURNAL).is_file():
-        raise UserError(f"output_dir {out}: holds files finetune did not write; choose a new or empty folder")
-    written = WrittenFiles(out / JOURNAL)
-    other = sorted(p.name for p in out.iterdir() if p.name != JOURNAL and p not in written)
-    if other:
-        raise UserError(f"output_dir {out}: holds {', '.join(other[:3])}, not written by finetune; "
-                        f"move it away or choose another folder")
-    if not overwrite:
-        raise UserError(f"output_dir {out}: holds an earlier finetune output; overwrite=true replaces it")
+    leftovers = [p for name in OUTPUTS for p in dead_temporaries(out / name)]
+    present = [p for p in out.iterdir() if p not in leftovers]
+    if present:
+        if not (out / JOURNAL).is_file():
+            raise UserError(f"output_dir {out}: holds files finetune did not write; choose a new or empty folder")
+        written = WrittenFiles(out / JOURNAL)
+        other = sorted(p.name for p in present if p.name != JOURNAL and p not in written)
+        if other:
+            raise UserError(f"output_dir {out}: holds {', '.join(other[:3])}, not written by finetune; "
+                            f"move it away or choose another folder")
+        if not overwrite:
+            raise UserError(f"output_dir {out}: holds an earlier finetune output; overwrite=true replaces it")
+    for p in leftovers if sweep else ():
+        remove_path(p)
 
 
 def _write_outputs(out: Path, net: FineTuneNet, meta: dict, result: dict, ids, labels, predictions, scores) -> None:

@@ -4,6 +4,7 @@ leaves the encoder bit-identical and the saved weights reproduce the predictions
 is one line naming file and line, exit 2, nothing written; output_dir holds only its files."""
 import csv
 import json
+import os
 import random
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from scipy.stats import spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, roc_auc_score
 
 from protein_performer import finetune as FT
+from protein_performer.errors import UserError
 from protein_performer.hub.export import load_finetuned
 from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
@@ -192,11 +194,45 @@ def test_freeze_all_leaves_the_encoder_bit_identical_and_the_weights_reproduce_p
     code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
                                 f"output_dir={out}", "trainer.max_steps=1", "overwrite=true")
     assert code == 0, err
+    # what a kill inside finetune's own atomic writes left: a dead process's temporaries count as finetune's
+    dead = dead_pid()
+    left = [out / f".model.safetensors.{dead}.tmp", out / f"..finetune-files.json.{dead}.tmp"]
+    for p in left:
+        p.write_text("partial")
+    code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", "trainer.max_steps=1", "overwrite=true")
+    assert code == 0, err
+    assert not any(p.exists() for p in left) and (out / "metrics.json").is_file()
     (out / "notes.txt").write_text("mine")
     code, _, err = run_finetune(capsys, f"ckpt={path}", f"labels={labels}", "task=classification",
                                 f"output_dir={out}", "trainer.max_steps=1", "overwrite=true")
     assert code == 2 and err == (f"error: output_dir {out}: holds notes.txt, not written by finetune; "
                                  f"move it away or choose another folder\n")
+
+
+def dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def test_output_check_counts_only_dead_temporaries_of_its_own_names_as_finetunes(tmp_path):
+    """No journal yet (a kill inside its first write): the folder holding only that dead
+    temporary is empty to finetune, and the sweep removes it; a live process's temporary, or a
+    dead one of a name finetune never writes, is someone else's."""
+    out = tmp_path / "ft"
+    out.mkdir()
+    left = out / f"..finetune-files.json.{dead_pid()}.tmp"
+    left.write_text('{"written": []}')
+    FT._check_output(out, overwrite=False)
+    assert left.exists()  # only a check: removing is for the holder of the output's lock
+    FT._check_output(out, overwrite=False, sweep=True)
+    assert not any(out.iterdir())
+    for name in (f".model.safetensors.{os.getpid()}.tmp", f".notes.txt.{dead_pid()}.tmp"):
+        (out / name).write_text("x")
+        with pytest.raises(UserError, match="holds files finetune did not write"):
+            FT._check_output(out, overwrite=True, sweep=True)
+        assert (out / name).exists()
+        (out / name).unlink()
 
 
 # --- bad input ---------------------------------------------------------------------------
