@@ -3,9 +3,9 @@
 
 benchmarks/attention.py times the attention core alone; training pays for the whole
 step. This times ONE optimizer step (forward, cross entropy, backward, AdamW) of
-``protein_performer.model.PerformerLM`` (dim 256, depth 4, 8 heads of 32, r = 128, rotary, ~3.2 M
-parameters) on random residues per kernel, shape (batch x length) and mode (bidirectional,
-causal), and of performer-pytorch's PerformerLM (the ``bench`` extra) when importable. Each
+``protein_performer.model.PerformerLM`` (dim 256, depth 4, 8 heads of 32, r = 128, rotary, one
+local head as in the default model, ~3.2 M parameters) on random residues per kernel, shape
+(batch x length) and mode (bidirectional, causal), and of performer-pytorch's PerformerLM (the ``bench`` extra) when importable. Each
 configuration runs in its own subprocess (the parent never imports torch), so its peak RSS is
 its own. The markdown report (with the goal ratios), a plot and the raw JSON go to ``--out``.
 
@@ -43,7 +43,11 @@ WORKER_STARTUP_S = 60  # importing torch and building the model, on top of the p
 # head_dim 32 and r = 128, twice conf/model/base.yaml's 64, so the feature cost here bounds the default's
 # (more features do not pay: docs/fidelity.md);
 # r = 256 until 2026-12-02, and --paired still times both (PAIRED_FEATURES)
-MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features": 128}
+# local_heads 1: the default model's one head of exact attention within 128 residues in every linear
+# model (conf/model/base.yaml; exact softmax has none); performer-pytorch as it comes (local_attn_heads=0):
+# its local attention (the local-attention package) took 5x our model's step at 2x256
+MODEL_OPTIONS = {"dim": 256, "depth": 4, "heads": 8, "ff_mult": 4, "nb_features": 128, "local_heads": 1}
+LOCAL_WINDOW = 128  # conf/model/base.yaml's model.attention.local_window
 PAIRED_FEATURES = "128,256"
 WORKER_OPTIONS = ("threads", "steps", "max_seconds", "max_mib", "malloc", *MODEL_OPTIONS)
 
@@ -85,7 +89,9 @@ def build_model(args, vocab_size: int, length: int):
 
     kwargs = dict(vocab_size=Tokenizer().vocab_size, dim=args.dim, depth=args.depth, heads=args.heads,
                   ff_mult=args.ff_mult, dropout=0.0, causal=causal, position="rotary",
-                  attention={"kernel": args.kernel, "nb_features": args.nb_features, "redraw_interval": 0})
+                  attention={"kernel": args.kernel, "nb_features": args.nb_features, "redraw_interval": 0,
+                             "local_heads": 0 if args.kernel == "exact" else args.local_heads,
+                             "local_window": LOCAL_WINDOW})
     model = PerformerLM(**kwargs)
     if args.compile:  # as train.py compile=true does (fixed shapes here: compiled once, in the warm-up step)
         model.compile()
@@ -250,7 +256,10 @@ def write_report(results: list[dict], meta: dict, png_name: str) -> str:
              f"- machine: {meta['machine']}, torch {meta['torch']}, {meta['threads']} threads, fp32",
              f"- model: dim {meta['dim']}, depth {meta['depth']}, {meta['heads']} heads of "
              f"{meta['dim'] // meta['heads']}, ff x{meta['ff_mult']}, dropout 0, rotary, r = {meta['nb_features']} "
-             f"(elu+1: r = head dim), no redraw, causal chunk size {chunk_sizes or 'model default'}",
+             f"(elu+1: r = head dim), no redraw, causal chunk size {chunk_sizes or 'model default'}, "
+             + (f"{meta['local_heads']} local head(s) of exact attention within {LOCAL_WINDOW} residues in every "
+                f"linear model of this project (exact softmax and performer-pytorch have none)"
+                if meta.get("local_heads") else "no local heads"),
              "- parameters: " + ", ".join(f"{LABELS[k]} {n / 1e6:.2f} M" for k, n in params.items()),
              f"- one step = forward + cross entropy over all positions + backward + AdamW step on random residue "
              f"tokens; 1 warm-up step, then the median of {meta['steps']}; cells are `tokens/s (s/step, peak RSS "
