@@ -5,9 +5,10 @@ benchmarks/attention.py times the attention core alone; training pays for the wh
 step. This times ONE optimizer step (forward, cross entropy, backward, AdamW) of
 ``protein_performer.model.PerformerLM`` (dim 256, depth 4, 8 heads of 32, r = 128, rotary, one
 local head as in the default model, ~3.2 M parameters) on random residues per kernel, shape
-(batch x length) and mode (bidirectional, causal), and of performer-pytorch's PerformerLM (the ``bench`` extra) when importable. Each
-configuration runs in its own subprocess (the parent never imports torch), so its peak RSS is
-its own. The markdown report (with the goal ratios), a plot and the raw JSON go to ``--out``.
+(batch x length) and mode (bidirectional, causal), and of performer-pytorch's PerformerLM (the
+``bench`` extra) when importable. Each configuration runs in its own subprocess (the parent
+never imports torch), so its peak RSS is its own. The markdown report (with the goal ratios), a
+plot and the raw JSON go to ``--out``.
 
     flock /tmp/heavy.lock python benchmarks/training.py            # full run, docs/benchmarks_training.*
     flock /tmp/heavy.lock python benchmarks/training.py --quick    # smoke run, writes under /tmp
@@ -257,8 +258,9 @@ def write_report(results: list[dict], meta: dict, png_name: str) -> str:
              f"- model: dim {meta['dim']}, depth {meta['depth']}, {meta['heads']} heads of "
              f"{meta['dim'] // meta['heads']}, ff x{meta['ff_mult']}, dropout 0, rotary, r = {meta['nb_features']} "
              f"(elu+1: r = head dim), no redraw, causal chunk size {chunk_sizes or 'model default'}, "
-             + (f"{meta['local_heads']} local head(s) of exact attention within {LOCAL_WINDOW} residues in every "
-                f"linear model of this project (exact softmax and performer-pytorch have none)"
+             + (f"{meta['local_heads']} local head(s) of exact attention within "
+                f"{meta.get('local_window', 128)} residues in every linear model of this project (exact softmax "
+                "and performer-pytorch have none)"
                 if meta.get("local_heads") else "no local heads"),
              "- parameters: " + ", ".join(f"{LABELS[k]} {n / 1e6:.2f} M" for k, n in params.items()),
              f"- one step = forward + cross entropy over all positions + backward + AdamW step on random residue "
@@ -377,8 +379,9 @@ def paired_table(args) -> str:
              f"- machine: {common.cpu()}, {os.cpu_count()} CPUs, {args.threads} threads, fp32; load average "
              f"{common.load_average()}; malloc: {args.malloc}",
              f"- model and step as docs/benchmarks_training.md (dim {args.dim}, depth {args.depth}, {args.heads} heads, "
-             f"r = {' and '.join(map(str, args.paired_features))} for FAVOR+); the models (FAVOR+ at each r, elu+1, "
-             "exact) are built in one process and stepped in turn, rep by rep, "
+             f"r = {' and '.join(map(str, args.paired_features))} for FAVOR+, {args.local_heads} local head(s) of "
+             f"{LOCAL_WINDOW} residues beside FAVOR+'s and elu+1's, none beside exact); the models (FAVOR+ at "
+             "each r, elu+1, exact) are built in one process and stepped in turn, rep by rep, "
              f"{args.steps} reps after a warm-up round; s/step medians, ratios the medians of the per-rep ratios",
              "- issue 19's goals: FAVOR+ / elu+1 tokens/s >= 0.7 (= the elu/FAVOR+ time ratio); causal FAVOR+ over "
              "exact >= 2.5x at 1 x 8,192 and 4x at 1 x 16,384; FAVOR+ / exact tokens/s >= 1 at 8 x 1,024", ""]
@@ -450,7 +453,8 @@ def main() -> None:
                 "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": common.git_commit(),
                 "machine": f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs",
                 "torch": importlib.metadata.version("torch"), "kernels": args.kernels, "modes": args.modes,
-                "shapes": args.shapes, "compile": args.compile, **{k: getattr(args, k) for k in WORKER_OPTIONS}}
+                "shapes": args.shapes, "compile": args.compile, "local_window": LOCAL_WINDOW,
+                **{k: getattr(args, k) for k in WORKER_OPTIONS}}
         wall_start = time.time()
         results = run_all(args)
         meta["wall_minutes"] = (time.time() - wall_start) / 60

@@ -4,7 +4,9 @@ Every writer in the project goes through here, so three promises hold everywhere
 
 - a file that exists is whole (written beside, then renamed over the old one);
 - a command deletes or replaces only files it wrote itself, recorded as it wrote them in a
-  :class:`WrittenFiles` journal (never by name or by pattern);
+  :class:`WrittenFiles` journal (never by name or by pattern; the one exception, where the
+  process owns the folder: :func:`dead_temporaries`, the hidden ``.<name>.<pid>.tmp`` of a
+  recorded file or journal that a killed process of this tool left mid-write);
 - one output has one writer at a time (:func:`exclusive_lock`; a second process gets one
   line, not a mixed file).
 

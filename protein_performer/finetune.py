@@ -46,7 +46,7 @@ TASKS = ("classification", "regression", "residue")
 SPLITS = ("train", "valid", "test")
 METRICS, PREDICTIONS, WEIGHTS = "metrics.json", "predictions.csv", "model.safetensors"
 JOURNAL = ".finetune-files.json"  # what finetune wrote into output_dir: what a rerun may replace
-OUTPUTS = (WEIGHTS, CONFIG, PREDICTIONS, METRICS, JOURNAL)
+OUTPUTS = (WEIGHTS, CONFIG, PREDICTIONS, METRICS)
 MISSING = {"", "na", "n/a", "nan", "null", "none"}
 IGNORE = -100  # per-residue targets at <cls>, <eos> and padding
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
@@ -560,18 +560,20 @@ def format_metrics(result: dict) -> str:
 def _check_output(out: Path, overwrite: bool, sweep: bool = False) -> None:
     """Before any work: ``output_dir`` is new, empty, or (with overwrite) an earlier finetune
     output holding only what finetune wrote. A kill inside one of finetune's atomic writes
-    leaves a temporary no journal can list (the journal's own, too): those of dead processes
-    count as finetune's, and ``sweep`` (under the output's lock) removes them."""
+    leaves a temporary no journal can list: a dead process's temporary of the journal, or of a
+    name the journal records, counts as finetune's, and ``sweep`` (under the output's lock)
+    removes it."""
     if out.exists() and not out.is_dir():
         raise UserError(f"output_dir {out}: exists and is not a directory")
     if not out.is_dir():
         return
-    leftovers = [p for name in OUTPUTS for p in dead_temporaries(out / name)]
+    written = WrittenFiles(out / JOURNAL) if (out / JOURNAL).is_file() else None
+    ours = [JOURNAL, *(name for name in OUTPUTS if written is not None and out / name in written)]
+    leftovers = [p for name in ours for p in dead_temporaries(out / name)]
     present = [p for p in out.iterdir() if p not in leftovers]
     if present:
-        if not (out / JOURNAL).is_file():
+        if written is None:
             raise UserError(f"output_dir {out}: holds files finetune did not write; choose a new or empty folder")
-        written = WrittenFiles(out / JOURNAL)
         other = sorted(p.name for p in present if p.name != JOURNAL and p not in written)
         if other:
             raise UserError(f"output_dir {out}: holds {', '.join(other[:3])}, not written by finetune; "

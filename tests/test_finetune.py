@@ -217,8 +217,9 @@ def dead_pid() -> int:
 
 def test_output_check_counts_only_dead_temporaries_of_its_own_names_as_finetunes(tmp_path):
     """No journal yet (a kill inside its first write): the folder holding only that dead
-    temporary is empty to finetune, and the sweep removes it; a live process's temporary, or a
-    dead one of a name finetune never writes, is someone else's."""
+    temporary is empty to finetune, and the sweep removes it; a live process's temporary, a
+    dead one of a name finetune never writes, or of one no journal records (export writes
+    model.safetensors too) is someone else's."""
     out = tmp_path / "ft"
     out.mkdir()
     left = out / f"..finetune-files.json.{dead_pid()}.tmp"
@@ -227,7 +228,8 @@ def test_output_check_counts_only_dead_temporaries_of_its_own_names_as_finetunes
     assert left.exists()  # only a check: removing is for the holder of the output's lock
     FT._check_output(out, overwrite=False, sweep=True)
     assert not any(out.iterdir())
-    for name in (f".model.safetensors.{os.getpid()}.tmp", f".notes.txt.{dead_pid()}.tmp"):
+    for name in (f".model.safetensors.{os.getpid()}.tmp", f".notes.txt.{dead_pid()}.tmp",
+                 f".model.safetensors.{dead_pid()}.tmp"):  # no journal records model.safetensors here
         (out / name).write_text("x")
         with pytest.raises(UserError, match="holds files finetune did not write"):
             FT._check_output(out, overwrite=True, sweep=True)
