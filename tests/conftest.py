@@ -66,6 +66,13 @@ def run_command(name: str, capsys, *overrides: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited: what a killed writer's temporary file is named by."""
+    import subprocess
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
 def sample_fasta(path: Path, n: int) -> Path:
     """The first ``n`` proteins of the bundled sample as a FASTA file (gzipped when ``path`` ends in .gz)."""
     import gzip

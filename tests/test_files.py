@@ -9,6 +9,8 @@ import pytest
 from protein_performer import files
 from protein_performer.errors import UserError
 
+from conftest import dead_pid
+
 
 def test_sha256_matches_hashlib_and_cache_survives(tmp_path):
     p = tmp_path / "a.bin"
@@ -66,8 +68,7 @@ def test_journal_sweeps_the_temporary_a_killed_write_of_itself_left(tmp_path):
     look-alike names stay."""
     journal = tmp_path / ".written.json"
     files.WrittenFiles(journal).record(tmp_path / "a.txt")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    left = tmp_path / f"..written.json.{int(dead.stdout)}.tmp"  # temp_path's name in that process
+    left = tmp_path / f"..written.json.{dead_pid()}.tmp"  # temp_path's name in that process
     live = files.temp_path(journal)  # this process's own, mid-write
     user = [tmp_path / "..written.json.mine.tmp", tmp_path / ".written.json.123.tmp", tmp_path / "..other.json.1.tmp",
             tmp_path / "..written.json.\u00b2.tmp", tmp_path / f"..written.json.{'9' * 30}.tmp"]  # no pid: kept, no crash

@@ -22,7 +22,7 @@ from protein_performer.hub.export import load_finetuned
 from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
-from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
+from conftest import ROOT, TINY_MODEL, dead_pid, run_command, save_checkpoint
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 FAST = ["trainer.max_epochs=30", "trainer.max_steps=40", "head_lr=1e-2", "lr=3e-3", "dropout=0.0",
@@ -208,11 +208,6 @@ def test_freeze_all_leaves_the_encoder_bit_identical_and_the_weights_reproduce_p
                                 f"output_dir={out}", "trainer.max_steps=1", "overwrite=true")
     assert code == 2 and err == (f"error: output_dir {out}: holds notes.txt, not written by finetune; "
                                  f"move it away or choose another folder\n")
-
-
-def dead_pid() -> int:
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout)
 
 
 def test_output_check_counts_only_dead_temporaries_of_its_own_names_as_finetunes(tmp_path):
