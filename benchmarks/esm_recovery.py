@@ -100,6 +100,9 @@ def main() -> None:
     p.add_argument("--long", nargs="*", default=["elu:mlm", "hedgehog:mlm", "hedgehog:distill"],
                    help="KERNEL:RECOVERY runs repeated with crops to 8,192 (LONG_CROPS), at the largest --steps")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--local-heads", type=int, default=1,
+                   help="the student's heads of exact attention within 128 residues (conf/model/base.yaml's default: 1; "
+                        "0 swaps every head to the kernel, as before local heads existed)")
     p.add_argument("--n-short", type=int, default=265, help="held-out proteins up to 2,048 residues drawn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-doc", action="store_true")
@@ -113,7 +116,8 @@ def main() -> None:
         teacher = str(a.out / "teacher" / "checkpoints" / "last.ckpt")
     models = {"teacher (exact)": teacher}
     for k in a.kernels:
-        start = [f"init_from={teacher}", f"model.attention.kernel={k}", f"optim.lr={a.lr}"] + RECOVERY
+        start = [f"init_from={teacher}", f"model.attention.kernel={k}", f"model.attention.local_heads={a.local_heads}",
+                 f"optim.lr={a.lr}"] + RECOVERY
         name = f"{k} swapped"
         seconds[name] = train(start + ["trainer.max_steps=0"], a.out / f"{k}-0", log)
         models[name] = str(a.out / f"{k}-0" / "checkpoints" / "last.ckpt")
@@ -154,7 +158,8 @@ def main() -> None:
              f"(exact softmax, 0.8 M parameters, the README model with `model=transformer`; shortened from 600 steps "
              f"with crops to 8,192 to 250 steps with crops to 1,024, ESM-2's training length)." if a.teacher is None
              else f"* Teacher: `{a.teacher}`.",
-             f"* Every recovery: `python scripts/train.py init_from=TEACHER model.attention.kernel=K optim.lr={a.lr} "
+             f"* Every recovery: `python scripts/train.py init_from=TEACHER model.attention.kernel=K "
+             f"model.attention.local_heads={a.local_heads} optim.lr={a.lr} "
              f"{' '.join(RECOVERY)} trainer.max_steps=N`; distill adds `distill.teacher=TEACHER {' '.join(DISTILL)}`; "
              f"`swapped` is the same with `trainer.max_steps=0` (the teacher's weights, no step); "
              f"`crops to 8,192` adds `{' '.join(LONG_CROPS)}`.",
@@ -162,6 +167,9 @@ def main() -> None:
              f"2,048 residues and {a.n_short} others drawn with seed {a.seed}; `scripts/evaluate.py` (masked LM, "
              f"seed 0); the teacher windows proteins above 4,096 tokens (evaluate's default window), the linear "
              f"models see them whole. Evaluation of all models: {eval_s:.0f} s.",
+             (f"* The student: the teacher's first {a.local_heads} head(s) keep exact softmax within 128 residues "
+              f"(local heads, `conf/model/base.yaml`), the others swap to the kernel K." if a.local_heads else
+              "* The student: every head swaps to the kernel K (no local heads)."),
              "* Cells: perplexity (change against the teacher). `train s`: wall-clock seconds of the run.", ""]
     lines += common.md_table(["model", "train s", "perplexity", "vs teacher"] + [f"ppl {g}" for g, _ in GROUPS], rows)
     common.publish(lines, None if a.no_doc else DOC, START, END)

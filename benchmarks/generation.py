@@ -47,16 +47,21 @@ POSITIONS = [1, 16, 64, 256, 1024, 4096, 16384]
 
 
 def build(kernel: str, args) -> PerformerLM:
+    """The FAVOR+ model as `conf/model/performer.yaml` builds it (local heads included); the KV-cache
+    baseline is exact softmax in every head, as `model=transformer`."""
     torch.manual_seed(0)
+    local = {} if kernel == "exact" else dict(local_heads=args.local_heads, local_window=args.local_window)
     model = PerformerLM(vocab_size=TOK.vocab_size, dim=args.dim, depth=args.depth, heads=args.heads, causal=True,
                         dropout=0.0, attention=dict(kernel=kernel, nb_features=args.nb_features,
-                                                    chunk_size=128, redraw_interval=0))
+                                                    chunk_size=128, redraw_interval=0, **local))
     return model.eval()
 
 
 def state_bytes(state) -> int:
-    return sum(t.numel() * t.element_size() for layer in state["layers"] for t in layer.values()
-               if isinstance(t, torch.Tensor))
+    """Bytes of every tensor carried between tokens (the local heads' key/value cache is a pair)."""
+    tensors = [t for layer in state["layers"] for x in layer.values()
+               for t in (x if isinstance(x, tuple) else (x,)) if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def kv_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
@@ -78,6 +83,11 @@ def rnn_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
         s["Z"].uniform_(1, 2)
         if "m" in s:  # running key log-scale: a finite value, so the filled S and Z stay in use
             s["m"].zero_()
+        if "local" in s:  # the local heads' cache: the last min(p - 1, window - 1) keys and values
+            B, H, _, dh = s["local"][0].shape
+            window = next(m.local_window for m in model.modules() if hasattr(m, "local_window"))
+            n = min(p - 1, window - 1)
+            s["local"] = (torch.randn(B, H, n, dh), torch.randn(B, H, n, dh))
     state["pos"] = p - 1
     return state
 
@@ -189,7 +199,8 @@ def measure_rss(args) -> dict:
         for p in args.positions:
             child = common.run_child(__file__, ["--child", mode, p, "--threads", args.threads, "--dim", args.dim,
                                                 "--depth", args.depth, "--heads", args.heads,
-                                                "--nb-features", args.nb_features], env=env)
+                                                "--nb-features", args.nb_features, "--local-heads",
+                                                args.local_heads, "--local-window", args.local_window], env=env)
             if not child.ok or not child.records:
                 raise RuntimeError(f"peak RSS of {mode} at p={p}: the child failed: {child.reason}")
             out[(mode, p)] = child.records[-1]["peak"]
@@ -222,7 +233,9 @@ def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
              "## Time and memory per token against position", "",
              "Produced by `benchmarks/generation.py`; regenerate with", "", "```", cmd, "```", "",
              f"Model: PerformerLM dim={args.dim}, depth={args.depth}, heads={args.heads}, "
-             f"nb_features={args.nb_features} (the defaults of `conf/model/performer.yaml`), causal, eval, fp32, "
+             f"nb_features={args.nb_features}, {args.local_heads} local head(s) of exact attention within "
+             f"{args.local_window} residues (the defaults of `conf/model/performer.yaml`; the KV-cache model has "
+             f"none), causal, eval, fp32, "
              f"batch 1, CPU, torch {torch.__version__}, {args.threads} thread(s). "
              "Time per token includes sampling the next token.", "",
              "* **rnn**: FAVOR+ model decoded in RNN mode (`PerformerLM.step`), one real run of "
@@ -301,7 +314,9 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--nb-features", type=int, default=128)
+    ap.add_argument("--nb-features", type=int, default=64)
+    ap.add_argument("--local-heads", type=int, default=1, help="heads of exact attention in a window (0: none)")
+    ap.add_argument("--local-window", type=int, default=128)
     ap.add_argument("--positions", type=int, nargs="+", default=POSITIONS)
     ap.add_argument("--window", type=int, default=33, help="RNN steps per median window")
     ap.add_argument("--repeats", type=int, default=3, help="forwards per naive measurement")
