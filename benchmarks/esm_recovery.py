@@ -119,14 +119,15 @@ def main() -> None:
         start = [f"init_from={teacher}", f"model.attention.kernel={k}", f"model.attention.local_heads={a.local_heads}",
                  f"optim.lr={a.lr}"] + RECOVERY
         name = f"{k} swapped"
-        seconds[name] = train(start + ["trainer.max_steps=0"], a.out / f"{k}-0", log)
-        models[name] = str(a.out / f"{k}-0" / "checkpoints" / "last.ckpt")
+        tag = f"{k}-local{a.local_heads}"  # run folders are reused: each setting gets its own
+        seconds[name] = train(start + ["trainer.max_steps=0"], a.out / f"{tag}-0", log)
+        models[name] = str(a.out / f"{tag}-0" / "checkpoints" / "last.ckpt")
         recipes = {"distill": [f"distill.teacher={teacher}"] + DISTILL, "mlm": []}
         runs = [(how, n, "") for how in recipes for n in a.steps]
         runs += [(how, max(a.steps), "long") for kh in a.long for how in [kh.split(":")[1]] if kh.split(":")[0] == k]
         for how, n, crops in runs:
             name = f"{k} {how} {n}" + (", crops to 8,192" if crops else "")
-            folder = f"{k}-{how}-{n}" + (f"-{crops}" if crops else "")
+            folder = f"{tag}-{how}-{n}" + (f"-{crops}" if crops else "")
             extra = recipes[how] + (LONG_CROPS if crops else [])
             seconds[name] = train(start + extra + [f"trainer.max_steps={n}"], a.out / folder, log)
             models[name] = str(a.out / folder / "checkpoints" / "last.ckpt")

@@ -1,10 +1,12 @@
 """Benchmark autoregressive decoding: time per token and memory against position.
 
 Three ways to get the next token at position p (batch 1, the small default model of
-conf/model/performer.yaml: dim 128, depth 4, heads 4, 128 random features):
+conf/model/performer.yaml: dim 128, depth 4, heads 4, 64 random features, one of the four heads
+exact within a window of 128 residues):
 
 * rnn    -- FAVOR+ (kernel=softmax) in RNN mode: ``PerformerLM.step`` + sampling, carrying
-            (S, Z) per layer and head. Measured by really generating ``--max-pos`` tokens
+            (S, Z) per layer and kernel head and the local head's last 127 keys and values
+            (bounded: the state stops growing at the window). Measured by really generating ``--max-pos`` tokens
             and timing every step; the figure at p is the median over the steps in a
             window of ``--window`` steps centred on p.
 * naive  -- re-running the prefix: one parallel causal forward over the p tokens (the same
@@ -14,7 +16,8 @@ conf/model/performer.yaml: dim 128, depth 4, heads 4, 128 random features):
             cache is filled with p-1 random keys/values (cost depends on shapes only), then
             the median of ``--kv-steps`` decoding steps is taken.
 
-Memory: "state" is the exact number of bytes carried from one token to the next (S, Z;
+Memory: "state" is the exact number of bytes carried from one token to the next (S, Z and the
+local cache;
 the KV cache; for naive, the p token ids). "peak RSS" (with ``--rss``) is measured in a fresh
 child process per (mode, position): the growth of the process's peak resident memory
 while doing one token's work at position p, above what the process held after building
@@ -75,7 +78,8 @@ def kv_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
 
 
 def rnn_state_at(model: PerformerLM, p: int, batch: int = 1) -> dict:
-    """An (S, Z) state at position p-1 (same shapes as at any position)."""
+    """The decoding state at position p-1: (S, Z, m) (the same shapes at every position) and the local
+    heads' cache of min(p - 1, window - 1) positions."""
     state = model.init_state(batch)
     for s in state["layers"]:
         s["pos"] = p - 1
@@ -108,7 +112,7 @@ def bench_rnn(args) -> tuple[dict, list[float]]:
     times, snapshots = [], {}
     wanted = set(args.positions)
     for i in range(args.max_pos):
-        if i + 1 in wanted:  # the real state and input token at position i + 1 (0.26 MiB each)
+        if i + 1 in wanted:  # the real state and input token at position i + 1 (0.22 MiB each)
             snapshots[i + 1] = (token.clone(), clone_state(state))
         t0 = time.perf_counter()
         token, state = one_step(model, token, state, gen)
@@ -117,7 +121,7 @@ def bench_rnn(args) -> tuple[dict, list[float]]:
     out = {}
     for p in args.positions:
         lo, hi = max(0, p - 1 - half), min(len(times), p - 1 + half + 1)
-        out[p] = {"time": statistics.median(times[lo:hi]), "state": state_bytes(state)}
+        out[p] = {"time": statistics.median(times[lo:hi]), "state": state_bytes(rnn_state_at(model, p + 1))}
     # interleaved: rounds over all positions, a few steps from each real snapshot, so that
     # load from other processes hits every position alike
     inter = {p: [] for p in args.positions}
@@ -227,7 +231,8 @@ def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
              "log-likelihood and the settings in its header; OUT.json holds the settings, per-sample scores, "
              "the mean per-token log-likelihood of the generated tokens under the model (unfiltered, T=1) and "
              "their amino-acid composition against the training set's (`hparams.aa_frequencies`). Linear "
-             "kernels carry a state (S, Z) per layer and head whose size does not depend on the position; "
+             "kernels carry a state (S, Z) per layer and head whose size does not depend on the position (and the "
+             "local head its last window - 1 keys and values: constant from there on); "
              "exact softmax carries a KV cache. `tests/test_generate.py` holds the recurrent logits to the "
              "parallel causal forward for every kernel.", "",
              "## Time and memory per token against position", "",
@@ -296,7 +301,7 @@ def plot(args, rnn, naive, kv, rss, rnn_times) -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     ax = axes[1]
-    ax.plot(P, [rnn[p]["state"] / 2**20 for p in P], "o-", color="tab:blue", label="RNN state (S, Z)")
+    ax.plot(P, [rnn[p]["state"] / 2**20 for p in P], "o-", color="tab:blue", label="RNN state (S, Z + local cache)")
     ax.plot(P, [kv[p]["state"] / 2**20 for p in P], "^-", color="tab:green", label="KV cache")
     if rss:
         for m, c, mk in (("rnn", "tab:blue", "o"), ("naive", "tab:red", "s"), ("kv", "tab:green", "^")):

@@ -29,3 +29,7 @@ def test_synthetic_state_matches_decoding():
         d, r, n = 8, 16, min(p - 1, 7)
         per_layer = 4 * (3 * r * d + 3 * r + 3) + 4 * 2 * n * d
         assert generation.state_bytes(state) == generation.state_bytes(fake) == args.depth * per_layer
+        # and the model decodes from it as from the real one: the next states have the same shapes
+        _, after_real = model.step(token, state)
+        _, after_fake = model.step(token, generation.clone_state(fake))
+        assert _shapes(after_fake) == _shapes(after_real)
