@@ -47,6 +47,12 @@ GROUPS = (("<=1024", ("<=256", "257-512", "513-1024")), ("1025-4096", ("1025-204
           (">4096", (">4096",)))
 
 
+def local_window() -> int:
+    """The students' local window: conf/model/base.yaml's, which the recovery runs do not override."""
+    from protein_performer.compare import compose_train_config
+    return int(compose_train_config([]).model.attention.local_window)
+
+
 def train(overrides: list[str], run_dir: Path, log: Path) -> float:
     """``scripts/train.py OVERRIDES`` into ``run_dir`` (skipped when it already holds last.ckpt);
     returns the wall-clock seconds of the run (kept in run_dir/wall_seconds.json; 0 if unknown)."""
@@ -101,8 +107,8 @@ def main() -> None:
                    help="KERNEL:RECOVERY runs repeated with crops to 8,192 (LONG_CROPS), at the largest --steps")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--local-heads", type=int, default=1,
-                   help="the student's heads of exact attention within 128 residues (conf/model/base.yaml's default: 1; "
-                        "0 swaps every head to the kernel, as before local heads existed)")
+                   help="the student's heads of exact attention within model.attention.local_window residues "
+                        "(conf/model/base.yaml's default: 1; 0 swaps every head to the kernel, as before local heads existed)")
     p.add_argument("--n-short", type=int, default=265, help="held-out proteins up to 2,048 residues drawn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-doc", action="store_true")
@@ -168,7 +174,7 @@ def main() -> None:
              f"2,048 residues and {a.n_short} others drawn with seed {a.seed}; `scripts/evaluate.py` (masked LM, "
              f"seed 0); the teacher windows proteins above 4,096 tokens (evaluate's default window), the linear "
              f"models see them whole. Evaluation of all models: {eval_s:.0f} s.",
-             (f"* The student: the teacher's first {a.local_heads} head(s) keep exact softmax within 128 residues "
+             (f"* The student: the teacher's first {a.local_heads} head(s) keep exact softmax within {local_window()} residues "
               f"(local heads, `conf/model/base.yaml`), the others swap to the kernel K." if a.local_heads else
               "* The student: every head swaps to the kernel K (no local heads)."),
              "* Cells: perplexity (change against the teacher). `train s`: wall-clock seconds of the run.", ""]

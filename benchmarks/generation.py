@@ -315,13 +315,16 @@ def plot(args, rnn, naive, kv, rss, rnn_times) -> None:
 
 
 def main():
+    from protein_performer.compare import compose_train_config
+    conf = compose_train_config(["model=performer"]).model  # the defaults, as scripts/train.py builds the model
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--nb-features", type=int, default=64)
-    ap.add_argument("--local-heads", type=int, default=1, help="heads of exact attention in a window (0: none)")
-    ap.add_argument("--local-window", type=int, default=128)
+    ap.add_argument("--dim", type=int, default=conf.dim)
+    ap.add_argument("--depth", type=int, default=conf.depth)
+    ap.add_argument("--heads", type=int, default=conf.heads)
+    ap.add_argument("--nb-features", type=int, default=conf.attention.nb_features)
+    ap.add_argument("--local-heads", type=int, default=conf.attention.local_heads,
+                    help="heads of exact attention in a window (0: none)")
+    ap.add_argument("--local-window", type=int, default=conf.attention.local_window)
     ap.add_argument("--positions", type=int, nargs="+", default=POSITIONS)
     ap.add_argument("--window", type=int, default=33, help="RNN steps per median window")
     ap.add_argument("--repeats", type=int, default=3, help="forwards per naive measurement")
