@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .feature_maps import augment, augmented_weight
-from .linear import DEFAULT_CHUNK_SIZE, _Scales, _with_ones, causal_backward, causal_forward, output_grad
+from .linear import DEFAULT_CHUNK_SIZE, ChunkScales, with_ones, causal_backward, causal_forward, output_grad
 
 #: bytes of one block's features (rows x T x r): T is chosen so that a block stays near the cache
 #: (8 heads, r = 256, L = 8,192, 2 threads: 0.25 MiB blocks 1.0x the plain path's time, 1 MiB 0.83x,
@@ -157,8 +157,8 @@ class CausalFavorAttention(torch.autograd.Function):
             s = s.masked_fill(~valid, torch.finfo(s.dtype).min)
         C = max(1, min(chunk_length(G, r, int(C), xq.element_size()), L))
         S0 = xq.new_zeros(G, r, v.shape[-1] + 1)
-        sc = _Scales(s, None, C)
-        nd, scores, _ = causal_forward(qf, kf, _with_ones(v), sc, C, S0)
+        sc = ChunkScales(s, None, C)
+        nd, scores, _ = causal_forward(qf, kf, with_ones(v), sc, C, S0)
         den = nd[..., -1:]
         den_c = den.clamp_min(eps)
         out = nd[..., :-1] / den_c
@@ -187,7 +187,7 @@ class CausalFavorAttention(torch.autograd.Function):
                 dxk[:, a:z] = dx
 
             S0 = qf.new_zeros(qf.shape[0], qf.shape[-1], v.shape[-1] + 1)
-            _, _, dv, _, _ = causal_backward(qf, kf, _with_ones(v), output_grad(g, out, den_c, clamped), ctx.scores,
+            _, _, dv, _, _ = causal_backward(qf, kf, with_ones(v), output_grad(g, out, den_c, clamped), ctx.scores,
                                              ctx.sc, C, S0, None, on_dq=on_dq, on_dk=on_dk)
             if valid is not None:
                 dv = dv.masked_fill(~valid.unsqueeze(-1), 0.0)

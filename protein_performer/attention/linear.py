@@ -76,12 +76,12 @@ def head_groups(batch: int, heads: int, length: int, r: int) -> int:
     return max(1, min(heads, GROUP_BYTES // max(1, 4 * batch * length * r)))
 
 
-def _with_ones(x: torch.Tensor) -> torch.Tensor:
+def with_ones(x: torch.Tensor) -> torch.Tensor:
     """[x, 1] along the last dim (the normalizer's column; width e + 1, not r)."""
     return torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
 
 
-def _clamp(den: torch.Tensor, eps) -> torch.Tensor:
+def clamp_normalizer(den: torch.Tensor, eps) -> torch.Tensor:
     return torch.maximum(den, eps) if isinstance(eps, torch.Tensor) else den.clamp_min(eps)
 
 
@@ -92,7 +92,7 @@ def output_grad(g: torch.Tensor, out: torch.Tensor, den_c: torch.Tensor, clamped
     return torch.cat([g / den_c, g_den], dim=-1)
 
 
-class _Scales:
+class ChunkScales:
     """Per-position factors of the causal path for key log-scales s (G, L) and the state's m0 (G,).
 
     M_i = max(m0, max_{j<=i} s_j).  Chunk n's carried state is in units of m_prev[n] (the previous
@@ -129,7 +129,7 @@ def _chunk_scores(x, y, sc, a, b, upper):
     return A.masked_fill_(upper, 0.0)
 
 
-def _carry(S: torch.Tensor, sc: _Scales | None, n: int) -> torch.Tensor:
+def _carry(S: torch.Tensor, sc: ChunkScales | None, n: int) -> torch.Tensor:
     """S carried into chunk n's units, in place (the loops own their state: no copy per chunk)."""
     return S if sc is None else S.mul_(sc.carry[:, n])
 
@@ -146,7 +146,7 @@ def _spans(L: int, C: int):
     return [(n, a, min(a + C, L)) for n, a in enumerate(range(0, L, C))]
 
 
-def causal_forward(q, k, v1, sc: _Scales | None, C: int, S: torch.Tensor):
+def causal_forward(q, k, v1, sc: ChunkScales | None, C: int, S: torch.Tensor):
     """[num, den] (G, L, e + 1) of the causal product for q, k (G, L, r), v1 = [v, 1] (G, L, e + 1)
     and the state S (G, r, e + 1) of earlier keys; returns them, the intra-chunk scores (a list of
     (G, c, c)) and the final state.  A chunk's products go through a contiguous buffer
@@ -175,7 +175,7 @@ def causal_forward(q, k, v1, sc: _Scales | None, C: int, S: torch.Tensor):
     return out, scores, S
 
 
-def causal_backward(q, k, v1, g1, scores, sc: _Scales | None, C: int, S0, dS_final, need_ds: bool = False,
+def causal_backward(q, k, v1, g1, scores, sc: ChunkScales | None, C: int, S0, dS_final, need_ds: bool = False,
                     on_dq=None, on_dk=None):
     """Gradients of causal_forward's [num, den] w.r.t. q, k, v, the initial state and (need_ds) the
     key log-scales (else None), given g1 = [g_num, g_den] (G, L, e + 1) and the final state's
@@ -230,10 +230,10 @@ class CausalLinearAttention(torch.autograd.Function):
         C = max(1, min(int(chunk_size), L))
         with torch.autocast(q.device.type, enabled=False):
             S0_ = q.new_zeros(G, r, v.shape[-1] + 1) if S0 is None else S0
-            sc = None if scale is None else _Scales(scale, m0, C)
-            nd, scores, S = causal_forward(q, k, _with_ones(v), sc, C, S0_)
+            sc = None if scale is None else ChunkScales(scale, m0, C)
+            nd, scores, S = causal_forward(q, k, with_ones(v), sc, C, S0_)
             num, den = nd[..., :-1], nd[..., -1:]
-            den_c = _clamp(den, eps)
+            den_c = clamp_normalizer(den, eps)
             out = num / den_c
         if sc is not None:
             m = sc.m_final
@@ -255,7 +255,7 @@ class CausalLinearAttention(torch.autograd.Function):
             g = torch.zeros_like(out) if g is None else g.to(q.dtype)
             sc = ctx.sc
             # key j enters as k_j exp(s_j) (the running maxima cancel): dL/ds_j = sum_r dL/dk_jr k_jr
-            dq, dk, dv, dS0, ds = causal_backward(q, k, _with_ones(v), output_grad(g, out, den_c, clamped), scores,
+            dq, dk, dv, dS0, ds = causal_backward(q, k, with_ones(v), output_grad(g, out, den_c, clamped), scores,
                                                   sc, ctx.chunk_size, S0, dS, need_ds=need[3])
             # S0 enters as S0 exp(m0)
             dm0 = (dS0 * S0).sum((1, 2)) if need[7] and scale is not None else None
@@ -270,7 +270,7 @@ def init_linear_state(batch: int, heads: int, r: int, d: int, device=None, dtype
             torch.full((batch, heads, 1), torch.finfo(dtype).min, device=device, dtype=dtype))
 
 
-def _prepare(q, k, v, k_log_scale, eps, key_padding_mask, initial_state):
+def prepare_inputs(q, k, v, k_log_scale, eps, key_padding_mask, initial_state):
     """Common input handling: compute dtype, key scales (B, H, L), padding, eps."""
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
     if initial_state is not None:
@@ -301,7 +301,7 @@ def chunk_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     B, H, L, r = q.shape
     d = v.shape[-1]
     with torch.autocast(q.device.type, enabled=False):
-        q, k, v, s, eps, dtype = _prepare(q, k, v, k_log_scale, eps, key_padding_mask, initial_state)
+        q, k, v, s, eps, dtype = prepare_inputs(q, k, v, k_log_scale, eps, key_padding_mask, initial_state)
         if isinstance(eps, torch.Tensor):
             eps = eps.expand(B, H, L, 1).reshape(B * H, L, 1)
         S0 = m0 = None
@@ -328,8 +328,8 @@ def bidirectional_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     out_dtype = v.dtype
     d = v.shape[-1]
     with torch.autocast(q.device.type, enabled=False):
-        q, k, v, s, eps, dtype = _prepare(q, k, v, k_log_scale, eps, key_padding_mask, initial_state)
-        v1 = _with_ones(v)                    # [S | Z] = K'^T [v, 1], the key scales on the narrow rows
+        q, k, v, s, eps, dtype = prepare_inputs(q, k, v, k_log_scale, eps, key_padding_mask, initial_state)
+        v1 = with_ones(v)                    # [S | Z] = K'^T [v, 1], the key scales on the narrow rows
         m = None if initial_state is None else initial_state[2].to(dtype)
         if s is not None:
             M = s.detach().amax(-1, keepdim=True)
@@ -342,7 +342,7 @@ def bidirectional_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         if s is not None:
             m = M
         nd = q @ SZ
-        out = (nd[..., :-1] / _clamp(nd[..., -1:], eps)).to(out_dtype)
+        out = (nd[..., :-1] / clamp_normalizer(nd[..., -1:], eps)).to(out_dtype)
     if not output_final_state:
         return out, None
     if m is None:
@@ -380,7 +380,7 @@ def recurrent_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             num = (qf[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
             den = (qf[:, :, t] * Z).sum(-1, keepdim=True)
             e = eps[:, :, t].to(dtype) if isinstance(eps, torch.Tensor) else eps
-            outs.append(num / _clamp(den, e))
+            outs.append(num / clamp_normalizer(den, e))
     out = torch.stack(outs, dim=2).to(v.dtype)
     return out, ((S, Z, m) if output_final_state else None)
 
