@@ -31,13 +31,23 @@ zeros to multiples of 16 (Triton's smallest dot; fla's backward needs even width
 Padding: a key_padding_mask packs the real tokens of each row into one sequence of a varlen call
 (``cu_seqlens``), so no work is spent on padding; outputs at padded positions are 0.
 
-Which backend runs: :func:`resolve_backend` ("auto": fla on CUDA when it imports, else torch;
-"fla": a one-line :class:`UserError` without CUDA or without the package), logged once per device.
+Which backend runs: :func:`resolve_backend`, logged once per (backend, device type, choice, reason).
+"auto": the torch path on a CPU (tuned for few cores); on CUDA the parallel path (chunk_parallel.py,
+a fixed number of launches) for bidirectional models, and fla for causal ones when fla imports and
+the stack is not refused, else the parallel path with one line saying why and what to install.
+"torch" / "parallel": those paths anywhere.  "fla": causal on CUDA only, else a one-line
+:class:`UserError` naming why and the fix.  The refused stack (:func:`fla_stack_problem`): a Hopper
+GPU (compute capability 9.x) with 3.4.0 <= Triton < 3.7.1, where fla 0.6.0's gated backward
+(``chunk_bwd_dqkwg`` with g, i.e. FAVOR+ / FAVOR++) raises ("incorrect results", fla #640) after
+the forward ran; torch 2.10/2.11 pin Triton 3.6.0, 2.12.0 pins 3.7.0, 2.12.1+ pin >= 3.7.1.
+Checked before any kernel compiles; tilelang (fla's other suggestion) refuses our 16-bit inputs
+with float32 states, so it does not lift the refusal.
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -46,12 +56,20 @@ from ..errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 
-#: the config values of model.attention.backend
-BACKENDS = ("auto", "torch", "fla")
+#: the config values of model.attention.backend (see :func:`resolve_backend`)
+BACKENDS = ("auto", "torch", "parallel", "fla")
+#: kernels whose keys carry log-scales, so the fla mapping passes a per-position gate g (FAVOR+, FAVOR++)
+GATED_KERNELS = ("softmax", "favor++")
 #: the fla release the mapping is tested against (the ``gpu`` extra pins it)
 FLA_VERSION = "0.6.0"
 #: widths are padded to a multiple of this (Triton's smallest tl.dot operand)
 WIDTH_MULTIPLE = 16
+#: fla 0.6.0's guard in fla/ops/common/chunk_o.py (chunk_bwd_dqkwg): gated backward on Hopper refused in [lo, hi)
+REFUSED_TRITON = ("3.4.0", "3.7.1")
+#: what lifts the refusal
+STACK_FIX = "install torch>=2.12.1 (it pins Triton>=3.7.1)"
+#: environment defaults set before fla is first imported (fla_op): autotune results cached on disk
+CACHE_ENV = {"FLA_CACHE_RESULTS": "1", "TRITON_CACHE_AUTOTUNING": "1"}
 
 _announced: set = set()
 
@@ -66,34 +84,121 @@ def fla_import_problem() -> str | None:
 
 
 def fla_op():
-    """fla's ``chunk_simple_gla`` (the op :func:`fla_linear_attention` calls by default)."""
+    """fla's ``chunk_simple_gla`` (the op :func:`fla_linear_attention` calls by default).
+
+    First-call cost: fla's kernels are Triton autotuners (up to 48 configurations each, every one
+    compiled and timed on the first call of a shape key).  Before fla is first imported this sets
+    the defaults of :data:`CACHE_ENV` (a value the user set is kept): ``FLA_CACHE_RESULTS=1`` (fla
+    0.6.0's own switch, already its default) and ``TRITON_CACHE_AUTOTUNING=1`` (Triton's, for any
+    autotuner fla declares without it), so the chosen configurations are written to Triton's cache
+    (``TRITON_CACHE_DIR``, by default ``~/.triton/cache``, beside the compiled kernels) and a later
+    process on the same machine loads them instead of tuning again.  The cache directory is left to
+    Triton: moving it would orphan the kernels already compiled there.  Autotuners read these
+    variables when fla's modules are imported, so a process that imported fla earlier keeps its
+    settings."""
+    for key, value in CACHE_ENV.items():
+        os.environ.setdefault(key, value)
     from fla.ops.simple_gla import chunk_simple_gla
     return chunk_simple_gla
 
 
-def resolve_backend(backend: str, device) -> str:
-    """'torch' or 'fla' for the causal linear path of tensors on ``device``; logs the choice once."""
+def _triton_version() -> str | None:
+    """The installed Triton's version (None without Triton); tests replace this."""
+    try:
+        import triton
+    except Exception:  # noqa: BLE001 - no Triton, or one that fails to import: fla_import_problem says so
+        return None
+    return getattr(triton, "__version__", None)
+
+
+def fla_stack_problem(device) -> str | None:
+    """Why fla's gated backward would refuse this stack (None when it would not): fla 0.6.0 raises in
+    ``chunk_bwd_dqkwg`` when g is given on a Hopper GPU with 3.4.0 <= Triton < 3.7.1 (its
+    IS_NVIDIA_HOPPER: an NVIDIA GPU named "NVIDIA H..." or of compute capability 9.x; fla reads GPU 0,
+    so GPU 0 is checked too).  Read from torch.cuda and :func:`_triton_version`, without compiling."""
+    from packaging.version import InvalidVersion, Version
+    device = torch.device(device)
+    if device.type != "cuda" or getattr(torch.version, "hip", None):   # fla's guard is NVIDIA-only
+        return None
+    tv = _triton_version()
+    try:
+        if tv is None or not Version(REFUSED_TRITON[0]) <= Version(tv) < Version(REFUSED_TRITON[1]):
+            return None
+    except InvalidVersion:
+        return None
+    for index in dict.fromkeys((device.index or 0, 0)):
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+        if major == 9 or "NVIDIA H" in name:
+            return (f"fla {FLA_VERSION} refuses the gated backward (FAVOR+ / FAVOR++) with Triton {tv} on a "
+                    f"Hopper GPU ({name}, compute capability {major}.{minor}; torch {torch.__version__}): "
+                    f"Triton >= {REFUSED_TRITON[0]} and < {REFUSED_TRITON[1]} computes wrong gradients there (fla #640)")
+    return None
+
+
+_PATHS = {"fla": "fla chunk_simple_gla", "torch": "the torch path", "parallel": "the parallel torch path"}
+
+
+def resolve_backend(backend: str, device, causal: bool = True, gated: bool = True) -> str:
+    """The linear-attention path for tensors on ``device``: "torch", "parallel" or "fla".
+
+    ``causal``: the model's direction (fla has only the causal one here).  ``gated``: whether the
+    kernel passes fla a per-position gate (:data:`GATED_KERNELS`; the Hopper refusal is about the
+    gated backward only).  "fla" where it cannot run is a one-line :class:`UserError` with the fix;
+    "auto" falls back and logs one line with the reason (once per backend, direction, device type,
+    choice and reason)."""
     if backend not in BACKENDS:
         raise UserError(f"model.attention.backend={backend!r}: choose one of {', '.join(BACKENDS)}")
     device = torch.device(device)
-    if backend == "torch":
-        chosen, why = "torch", "asked for"
-    elif device.type != "cuda":
-        if backend == "fla":
+    level = logging.INFO
+    if backend in ("torch", "parallel"):
+        chosen, why = backend, "asked for"
+    elif backend == "fla":
+        if not causal:
+            raise UserError("model.attention.backend=fla: fla has no bidirectional path here, "
+                            "use backend=auto or parallel")
+        if device.type != "cuda":
             raise UserError(f"model.attention.backend=fla needs a CUDA device (the model runs on {device}); "
-                            "use backend=auto or torch")
-        chosen, why = "torch", f"the model runs on {device}"
-    elif (problem := fla_import_problem()) is not None:
-        if backend == "fla":
+                            "use backend=auto, torch or parallel")
+        if (problem := fla_import_problem()) is not None:
             raise UserError(f"model.attention.backend=fla: {problem}")
-        chosen, why = "torch", problem
+        if gated and (problem := fla_stack_problem(device)) is not None:
+            raise UserError(f"model.attention.backend=fla: {problem}; {STACK_FIX} or use backend=parallel")
+        chosen, why = "fla", "asked for"
+    elif device.type != "cuda":
+        chosen, why = "torch", f"the model runs on {device}"
+    elif not causal:
+        chosen, why = "parallel", f"the model runs on {device}; fla has no bidirectional path here"
+    elif (problem := fla_import_problem()) is not None:
+        chosen, why = "parallel", problem
+    elif gated and (problem := fla_stack_problem(device)) is not None:
+        chosen, why, level = "parallel", f"{problem}; {STACK_FIX} to run fla", logging.WARNING
     else:
         chosen, why = "fla", f"the model runs on {device}"
-    if (backend, device.type, chosen) not in _announced:
-        _announced.add((backend, device.type, chosen))
-        log.info("causal linear attention: backend=%s runs %s (%s)", backend,
-                 "fla chunk_simple_gla" if chosen == "fla" else "the torch chunked path", why)
+    direction = "causal" if causal else "bidirectional"
+    key = (backend, direction, device.type, chosen, why)
+    if key not in _announced:
+        _announced.add(key)
+        log.log(level, "%s linear attention: backend=%s runs %s (%s)", direction, backend, _PATHS[chosen], why)
     return chosen
+
+
+def check_backend(backend: str, device, causal: bool = True, gated: bool = True) -> str:
+    """:func:`resolve_backend` for a run's entry point, before any work: ``backend=fla`` on a stack
+    that cannot run it fails here in one line; the choice it logs is not logged again when the
+    model's layers resolve the same backend on the same device."""
+    return resolve_backend(backend, device, causal, gated)
+
+
+def training_device(accelerator) -> torch.device:
+    """The device a Lightning run with ``trainer.accelerator`` trains on, as far as the backend
+    choice goes: cuda:0 for "gpu" / "cuda" / "auto" when CUDA is available, "mps" for mps, else the CPU."""
+    accelerator = str(accelerator or "auto").lower()
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if accelerator == "mps":
+        return torch.device("mps")
+    return torch.device("cpu")
 
 
 def _pad_width(x: torch.Tensor, width: int) -> torch.Tensor:

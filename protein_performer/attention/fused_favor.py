@@ -64,12 +64,13 @@ def _blocks(L: int, T: int):
 class FusedFavorAttention(torch.autograd.Function):
     """out = q' [S | Z] of raw queries and keys xq, xk (G, L, d) and values v (G, L, e); the exponent's
     parts w (r, d) or (G, r, d), b None, (r,) or (G, 1, r), c a float; valid (G, L) bool (False:
-    a padded key) or None; eps the normalizer's clamp.  Gradients for xq, xk and v."""
+    a padded key) or None; eps the normalizer's clamp; one_block: the whole sequence as one block (a
+    GPU: no loop, a fixed number of ops) instead of blocks of :data:`BLOCK_BYTES`.  Gradients for xq, xk and v."""
 
     @staticmethod
-    def forward(ctx, xq, xk, v, w, b, c, valid, eps):
+    def forward(ctx, xq, xk, v, w, b, c, valid, eps, one_block=False):
         G, L, _ = xq.shape
-        T = max(16, BLOCK_BYTES // (xq.element_size() * G * w.shape[-2]))
+        T = max(L, 1) if one_block else max(16, BLOCK_BYTES // (xq.element_size() * G * w.shape[-2]))
         wq, wk = augmented_weight(w, b, 0.0), augmented_weight(w, b, c)
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)
         lowest = torch.finfo(xq.dtype).min
@@ -130,7 +131,7 @@ class FusedFavorAttention(torch.autograd.Function):
                 dx.addcmul_(du.sum(-1, keepdim=True), x, value=-2 * c)
             dxk[:, a:z] = dx
             torch.mul(torch.bmm(f, dSZ[..., :-1]), scale, out=dv[:, a:z])
-        return dxq, dxk, dv, None, None, None, None, None
+        return dxq, dxk, dv, None, None, None, None, None, None
 
 
 class CausalFavorAttention(torch.autograd.Function):
@@ -196,11 +197,13 @@ class CausalFavorAttention(torch.autograd.Function):
 
 def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           key_padding_mask: torch.Tensor | None = None, eps: float | None = None,
-                          causal: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+                          causal: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                          one_block: bool = False) -> torch.Tensor:
     """Attention of raw (rotated) q, k (B, H, L, d) and v (B, H, L, e) through the exponential
     features whose exponent is ``exponent(dtype) -> (w, b, c)`` (FavorPlus.exponent);
     key_padding_mask (B, L), True = padding; causal: chunks of ``chunk_size`` positions
-    (:class:`CausalFavorAttention`).  Returns (B, H, L, e) in v's dtype."""
+    (:class:`CausalFavorAttention`); one_block: bidirectional in one block (no CPU cache budget).
+    Returns (B, H, L, e) in v's dtype."""
     B, H, L, d = q.shape
     G = B * H
     with torch.autocast(q.device.type, enabled=False):
@@ -212,5 +215,5 @@ def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.T
         valid = None if key_padding_mask is None else (~key_padding_mask.bool())[:, None].expand(B, H, L).reshape(G, L)
         args = (q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d), v.to(dtype).reshape(G, L, v.shape[-1]),
                 w, b, c, valid, torch.finfo(dtype).tiny if eps is None else eps)
-        out = CausalFavorAttention.apply(*args, chunk_size) if causal else FusedFavorAttention.apply(*args)
+        out = CausalFavorAttention.apply(*args, chunk_size) if causal else FusedFavorAttention.apply(*args, one_block)
     return out.view(B, H, L, -1).to(v.dtype)

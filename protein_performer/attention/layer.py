@@ -27,11 +27,13 @@ import torch
 from torch import nn
 
 from . import fla_backend
+from .chunk_parallel import chunk_parallel_linear_attention
 from .feature_maps import KERNELS, NB_FEATURES, FavorPlus, FavorPlusPlus, build_feature_map
 from .fused_favor import fused_favor_attention
-from .linear import (DEFAULT_CHUNK_SIZE, chunk_linear_attention, head_groups, init_linear_state,
-                     linear_attention, recurrent_linear_attention)
+from .linear import (DEFAULT_CHUNK_SIZE, bidirectional_linear_attention, chunk_linear_attention, head_groups,
+                     init_linear_state, recurrent_linear_attention)
 from .local import local_attention, local_decode
+from .masks import AttentionMasks
 from .rotary import RotaryEmbedding
 from .softmax import softmax_attention_sdpa
 
@@ -47,29 +49,36 @@ def projection_seed(seed: int, draw: int, run_seed: int = 0) -> int:
 def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None,
                      backend: str = "torch") -> torch.Tensor:
-    """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA):
-    features, then :func:`linear_attention` with the map's normalizer guard (``backend="fla"``:
-    the causal case through fla_backend.py, all heads in one call; bidirectional FAVOR+ and FAVOR++
-    through fused_favor.py, the feature maps fused with the products)."""
+    """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA).
+
+    ``backend`` is how it runs (fla_backend.resolve_backend chooses it per device), not what it computes:
+
+    * "torch" (the CPU): FAVOR+ / FAVOR++ fused with their feature maps block by block (fused_favor.py),
+      other maps head group by head group, causal through linear.py's loop over chunks: CPU cache budgets;
+    * "parallel" (a GPU without fla): the whole sequence at once, a number of ops that does not grow
+      with L: causal through chunk_parallel.py, bidirectional FAVOR+ fused in one block;
+    * "fla" (causal, CUDA): fla's chunk_simple_gla, all heads in one call (fla_backend.py)."""
     if feature_map is None:
         return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
-    if isinstance(feature_map, FavorPlus) and not (causal and backend == "fla"):
+    whole = backend != "torch"
+    if isinstance(feature_map, FavorPlus) and not (causal and whole):
         return fused_favor_attention(feature_map.exponent, q, k, v, key_padding_mask, feature_map.normalizer_eps,
-                                     causal, chunk_size or DEFAULT_CHUNK_SIZE)
-    if causal and backend == "fla":
-        qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
-        floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
-        return fla_backend.fla_linear_attention(qf, kf, v, k_log_scale=k_log_scale, key_padding_mask=key_padding_mask,
-                                                eps=feature_map.normalizer_eps if floor is None else floor)[0]
+                                     causal, chunk_size or DEFAULT_CHUNK_SIZE, one_block=whole)
     H = q.shape[1]
-    g = H if feature_map.per_head else head_groups(q.shape[0], H, q.shape[2], feature_map.num_features)
+    g = H if (whole or feature_map.per_head) else head_groups(q.shape[0], H, q.shape[2], feature_map.num_features)
     if g < H:  # head group by head group (linear.head_groups: why); split's backward is one cat
         return torch.cat([kernel_attention(feature_map, *qkv, causal, key_padding_mask, chunk_size)
                           for qkv in zip(q.split(g, 1), k.split(g, 1), v.split(g, 1))], dim=1)
     qf, (kf, k_log_scale) = feature_map(q, is_query=True), feature_map(k, is_query=False)
     floor = feature_map.normalizer_floor(k, causal, key_padding_mask)
-    return linear_attention(qf, kf, v, causal=causal, key_padding_mask=key_padding_mask, chunk_size=chunk_size,
-                            eps=feature_map.normalizer_eps if floor is None else floor, k_log_scale=k_log_scale)
+    kw = dict(k_log_scale=k_log_scale, key_padding_mask=key_padding_mask,
+              eps=feature_map.normalizer_eps if floor is None else floor)
+    if not causal:
+        return bidirectional_linear_attention(qf, kf, v, **kw)[0]
+    if backend == "fla":
+        return fla_backend.fla_linear_attention(qf, kf, v, **kw)[0]
+    path = chunk_parallel_linear_attention if backend == "parallel" else chunk_linear_attention
+    return path(qf, kf, v, chunk_size=chunk_size, **kw)[0]
 
 
 class Attention(nn.Module):
@@ -90,8 +99,9 @@ class Attention(nn.Module):
         orthogonal: orthogonal (vs iid) random features.  seed: seeds the projection draws (the
             layer index); run_seed: the run's seed, mixed in (0: the layer seed alone).
         relu_projection: the "relu" kernel with (True) or without a random projection.
-        backend: the causal linear path: "auto" (fla on CUDA when it imports), "torch" or "fla"
-            (fla_backend.py; resolved per device at the first forward, logged once).
+        backend: how the linear kernel runs (:func:`kernel_attention`): "auto" (the CPU: "torch"; CUDA:
+            "fla" for causal models where the stack allows it, else "parallel"), "torch", "parallel" or
+            "fla" (fla_backend.resolve_backend; resolved per device at the first forward, logged once).
         local_heads: the first this many heads attend exactly inside a sliding window of
             ``local_window`` positions (local.py: why); the others through ``kernel``.
     """
@@ -118,7 +128,7 @@ class Attention(nn.Module):
         self.causal, self.chunk_size, self.seed, self.run_seed = causal, chunk_size, seed, int(run_seed or 0)
         self.redraw_interval = redraw_interval or 0
         self.local_heads, self.local_window = int(local_heads), int(local_window)
-        self.backend, self._resolved = backend, None       # _resolved: (device type, "torch" | "fla")
+        self.backend, self._resolved = backend, None       # _resolved: (device type, "torch" | "parallel" | "fla")
         inner = heads * head_dim
         self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
         self.to_out = nn.Linear(inner, dim)
@@ -160,11 +170,10 @@ class Attention(nn.Module):
         self.forward_calls += 1
 
     def _backend(self, device: torch.device) -> str:
-        """The causal linear path on ``device`` ("torch" or "fla"), resolved once per device type."""
-        if not self.causal:
-            return "torch"
+        """How the kernel runs on ``device`` ("torch", "parallel" or "fla"), resolved once per device type."""
         if self._resolved is None or self._resolved[0] != device.type:
-            self._resolved = (device.type, fla_backend.resolve_backend(self.backend, device))
+            gated = isinstance(self.feature_map, FavorPlus)   # fla gets a per-position gate (the running max)
+            self._resolved = (device.type, fla_backend.resolve_backend(self.backend, device, self.causal, gated))
         return self._resolved[1]
 
     # -- parallel forward ------------------------------------------------------------------
@@ -180,18 +189,18 @@ class Attention(nn.Module):
         B, H, L, dh = out.shape
         return self.to_out(out.transpose(1, 2).reshape(B, L, H * dh))
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, L, dim), key_padding_mask (B, L) bool True = padding -> (B, L, dim)."""
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | AttentionMasks | None = None) -> torch.Tensor:
+        """x (B, L, dim), key_padding_mask (B, L) bool True = padding, or the forward's shared
+        :class:`~.masks.AttentionMasks` (the encoder builds one for all layers) -> (B, L, dim)."""
         self._maybe_redraw()
         q, k, v = self._qkv(x)
-        if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.bool()
-            if not key_padding_mask.any():
-                key_padding_mask = None
+        masks = AttentionMasks.of(key_padding_mask, x.shape[1])
+        key_padding_mask = masks.key_padding_mask
         n = self.local_heads
         out = self._global(q[:, n:], k[:, n:], v[:, n:], key_padding_mask, x.device)
         if n:
-            local = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, key_padding_mask)
+            local = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, key_padding_mask,
+                                    band=masks.local_band(self.local_window, self.causal, x.device))
             out = torch.cat([self.drop(local), out], dim=1)
         return self._merge(out)
 
@@ -251,9 +260,11 @@ class Attention(nn.Module):
             if "floor" in state:  # running sum of the per-key floor contributions
                 eps = state["floor"].unsqueeze(2) + fm.normalizer_floor(k, True).to(state["floor"].dtype)
                 new["floor"] = eps[:, :, -1]
+            backend = self._backend(x.device)
             path = recurrent_linear_attention if T == 1 else (
-                fla_backend.fla_linear_attention if self._backend(x.device) == "fla"
-                else partial(chunk_linear_attention, chunk_size=self.chunk_size))
+                fla_backend.fla_linear_attention if backend == "fla" else
+                partial(chunk_parallel_linear_attention if backend == "parallel" else chunk_linear_attention,
+                        chunk_size=self.chunk_size))
             out, (new["S"], new["Z"], new["m"]) = path(qf, kf, v, k_log_scale=k_log_scale, eps=eps,
                                                        initial_state=(state["S"], state["Z"], state["m"]),
                                                        output_final_state=True)

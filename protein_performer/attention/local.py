@@ -18,12 +18,38 @@ import torch
 import torch.nn.functional as F
 
 
+def local_band(L: int, window: int, causal: bool = False, key_padding_mask: torch.Tensor | None = None,
+               device=None) -> torch.Tensor:
+    """Which key slot each query of a block may see: bool (B or 1, 1, N, w, n_off * w) for N blocks of
+    w = min(window, L) positions (a window past the sequence sees what the whole sequence shows, at
+    L x L cost rather than window^2).  It depends on the padding and the length, not on the layer:
+    masks.AttentionMasks builds it once per forward for all layers."""
+    w = max(1, min(int(window), L))
+    N = -(-L // w)
+    pad = N * w - L
+    offsets = (-1, 0) if causal else (-1, 0, 1)
+    # key slot c of block n is position (n + offsets[0]) * w + c; query a of block n is n * w + a
+    n = torch.arange(N, device=device)[:, None, None]
+    a = torch.arange(w, device=device)[None, :, None]
+    c = torch.arange(len(offsets) * w, device=device)[None, None, :]
+    key_pos = (n + offsets[0]) * w + c                   # (N, 1, n_off * w)
+    diff = n * w + a - key_pos                            # query position - key position
+    band = (diff >= 0) & (diff < window) if causal else diff.abs() < window
+    allowed = (band & (key_pos >= 0) & (key_pos < L))[None]     # (1, N, w, n_off * w)
+    if key_padding_mask is not None:
+        kp = F.pad(key_padding_mask.bool(), (w, pad + w), value=True).view(-1, N + 2, w)
+        kp = torch.cat([kp[:, 1 + o:1 + o + N] for o in offsets], dim=2)     # (B, N, n_off * w)
+        allowed = allowed & ~kp[:, :, None, :]
+    return (allowed | (diff == 0)[None])[:, None]         # itself: no empty row
+
+
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool = False,
-                    key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """q, k, v (B, H, L, d); key_padding_mask (B, L) True = padding -> (B, H, L, d)."""
+                    key_padding_mask: torch.Tensor | None = None, band: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v (B, H, L, d); key_padding_mask (B, L) True = padding -> (B, H, L, d).  ``band``: this
+    length's :func:`local_band` (with the padding in it), when the caller keeps one for all layers."""
     B, H, L, d = q.shape
-    w = int(window)
-    N = -(-L // w)                                        # blocks
+    w = max(1, min(int(window), L))
+    N = -(-L // w)
     pad = N * w - L
     offsets = (-1, 0) if causal else (-1, 0, 1)
 
@@ -34,22 +60,9 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: i
     keys = torch.cat([kb[:, :, 1 + o:1 + o + N] for o in offsets], dim=3)      # (B, H, N, n_off * w, d)
     vals = torch.cat([vb[:, :, 1 + o:1 + o + N] for o in offsets], dim=3)
     queries = F.pad(q, (0, 0, 0, pad)).view(B, H, N, w, d)
-
-    # key slot c of block n is position (n + offsets[0]) * w + c; query a of block n is n * w + a
-    n = torch.arange(N, device=q.device)[:, None, None]
-    a = torch.arange(w, device=q.device)[None, :, None]
-    c = torch.arange(len(offsets) * w, device=q.device)[None, None, :]
-    key_pos = (n + offsets[0]) * w + c                   # (N, 1, n_off * w)
-    diff = n * w + a - key_pos                            # query position - key position
-    band = (diff >= 0) & (diff < w) if causal else diff.abs() < w
-    real = (key_pos >= 0) & (key_pos < L)
-    allowed = (band & real)[None]                         # (1, N, w, n_off * w)
-    if key_padding_mask is not None:
-        kp = F.pad(key_padding_mask.bool(), (w, pad + w), value=True).view(B, N + 2, w)
-        kp = torch.cat([kp[:, 1 + o:1 + o + N] for o in offsets], dim=2)     # (B, N, n_off * w)
-        allowed = allowed & ~kp[:, :, None, :]
-    allowed = allowed | (diff == 0)[None]                 # itself: no empty row
-    out = F.scaled_dot_product_attention(queries, keys, vals, attn_mask=allowed[:, None])
+    if band is None:
+        band = local_band(L, window, causal, key_padding_mask, q.device)
+    out = F.scaled_dot_product_attention(queries, keys, vals, attn_mask=band)
     return out.reshape(B, H, N * w, d)[:, :, :L]
 
 

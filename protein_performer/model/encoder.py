@@ -20,6 +20,7 @@ from dataclasses import asdict
 import torch
 import torch.nn as nn
 
+from ..attention.masks import AttentionMasks
 from ..errors import UserError
 from .config import ModelConfig
 from .heads import EsmLMHead, LMHead
@@ -76,8 +77,9 @@ class PerformerEncoder(nn.Module):
             x = token_dropout(x, tokens, padding_mask, self.mask_id)
         x = self.drop(self._positions(x, 0, tokens.size(1)))
         layers = [x]
+        masks = AttentionMasks(padding_mask, tokens.size(1))  # shared by the layers: one padding check, one band
         for block in self.blocks:
-            x = block(x, padding_mask)
+            x = block(x, masks)
             layers.append(x)
         h = self.norm(x)
         if return_layers:

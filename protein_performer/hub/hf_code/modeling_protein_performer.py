@@ -153,7 +153,8 @@ def local_attention(q, k, v, window, causal, pad):
     """Exact softmax over the band of ``window`` positions, queries in blocks of ``window`` that see
     their block and its neighbours (before; and after, bidirectional), masked to the band."""
     B, H, L, d = q.shape
-    N, w = -(-L // window), window
+    w = max(1, min(int(window), L))  # a window past the protein sees all of it, at L x L cost (not window^2)
+    N = -(-L // w)
     extra = N * w - L
     offsets = (-1, 0) if causal else (-1, 0, 1)
 

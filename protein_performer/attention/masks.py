@@ -1,0 +1,36 @@
+"""What the layers of one forward pass share about the input: its padding and the local heads' band.
+
+Why: each layer used to decide for itself whether the padding mask held any padding (a host sync per
+layer) and to build the local heads' band mask (a dozen small ops per layer).  Both depend on the
+input only, so the encoder builds one :class:`AttentionMasks` per forward and hands it to every
+layer; a layer called on its own wraps a plain mask in one.
+"""
+from __future__ import annotations
+
+import torch
+
+from .local import local_band
+
+
+class AttentionMasks:
+    """The key padding mask (B, L) bool, True = padding, or None when nothing is padded (decided once
+    here), and the local heads' band per (window, causal), built on first use and kept."""
+
+    def __init__(self, key_padding_mask: torch.Tensor | None, length: int):
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.bool()
+            if not key_padding_mask.any():
+                key_padding_mask = None
+        self.key_padding_mask, self.length = key_padding_mask, int(length)
+        self._bands: dict = {}
+
+    @classmethod
+    def of(cls, mask, length: int) -> "AttentionMasks":
+        """``mask`` as AttentionMasks: kept when it is one already, else wrapped."""
+        return mask if isinstance(mask, AttentionMasks) else cls(mask, length)
+
+    def local_band(self, window: int, causal: bool, device) -> torch.Tensor:
+        key = (int(window), bool(causal), str(device))
+        if key not in self._bands:
+            self._bands[key] = local_band(self.length, window, causal, self.key_padding_mask, device)
+        return self._bands[key]
