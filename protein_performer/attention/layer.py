@@ -178,12 +178,21 @@ class Attention(nn.Module):
 
     # -- parallel forward ------------------------------------------------------------------
     def _qkv(self, x: torch.Tensor, offset: int = 0):
+        """(q, k, v), each (B, H, L, dh), q and k rotated together (one set of ops for both)."""
         B, L, _ = x.shape
         qkv = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]                       # (B, H, L, dh)
-        if self.rotary is not None:
-            q, k = self.rotary(q, offset), self.rotary(k, offset)
-        return q, k, v
+        if self.rotary is None:
+            return qkv.unbind(0)
+        qk, v = qkv.split([2, 1])
+        q, k = self.rotary(qk, offset).unbind(0)
+        return q, k, v[0]
+
+    def _split(self, q, k, v):
+        """((q, k, v) of the local heads, (q, k, v) of the kernel heads): one split each (a slice per head
+        set would cost a zero-filled gradient per slice in the backward)."""
+        n = self.local_heads
+        parts = [t.split([n, self.heads - n], dim=1) for t in (q, k, v)]
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
     def _merge(self, out: torch.Tensor) -> torch.Tensor:
         B, H, L, dh = out.shape
@@ -196,12 +205,13 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         masks = AttentionMasks.of(key_padding_mask, x.shape[1])
         key_padding_mask = masks.key_padding_mask
-        n = self.local_heads
-        out = self._global(q[:, n:], k[:, n:], v[:, n:], key_padding_mask, x.device)
-        if n:
-            local = local_attention(q[:, :n], k[:, :n], v[:, :n], self.local_window, self.causal, key_padding_mask,
-                                    band=masks.local_band(self.local_window, self.causal, x.device))
-            out = torch.cat([self.drop(local), out], dim=1)
+        if not self.local_heads:
+            return self._merge(self._global(q, k, v, key_padding_mask, x.device))
+        loc, glob = self._split(q, k, v)
+        out = self._global(*glob, key_padding_mask, x.device)
+        local = local_attention(*loc, self.local_window, self.causal, key_padding_mask,
+                                band=masks.local_band(self.local_window, self.causal, x.device))
+        out = torch.cat([self.drop(local), out], dim=1)
         return self._merge(out)
 
     def _global(self, q, k, v, key_padding_mask, device) -> torch.Tensor:
@@ -246,8 +256,8 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, offset=pos)                      # (B, H, T, dh)
         n, local = self.local_heads, None
         if n:
-            local, local_cache = local_decode(q[:, :n], k[:, :n], v[:, :n], self.local_window, state["local"])
-            q, k, v = q[:, n:], k[:, n:], v[:, n:]
+            loc, (q, k, v) = self._split(q, k, v)
+            local, local_cache = local_decode(*loc, self.local_window, state["local"])
         if self.feature_map is None:
             K = torch.cat([state["k"], k], dim=2)
             V = torch.cat([state["v"], v], dim=2)
