@@ -101,8 +101,11 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
             check_folder_path(run_dir, "hydra.run.dir")  # Hydra creates it for every command
             if spec.run_folder and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
                 # (the other ranks of a DDP run are launched once rank zero checked and trains)
+                from .training.run_folder import run_inputs
                 folder = open_run_folder(run_dir, cfg.hydra.job.name, cfg.get("ckpt_path"),
-                                         bool(cfg.get("overwrite")))
+                                         bool(cfg.get("overwrite")), inputs=run_inputs(cfg))
+                if folder.hydra_dir != ".hydra" and not any(a.startswith("hydra.output_subdir=") for a in args):
+                    sys.argv.append(f"hydra.output_subdir={folder.hydra_dir}")  # the old .hydra/ until success
         except USER_ERRORS as e:
             fail(one_line(e))
 
@@ -111,7 +114,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     def job(cfg):
         if spec.run_folder:  # Lightning's DDP launches the other ranks with sys.argv: the same run folder
             sys.argv = [*program, *sys.argv[1:]]
-        with folder.discard_on_user_error() if folder else contextlib.nullcontext():
+        with folder.running() if folder else contextlib.nullcontext():
             return getattr(importlib.import_module(module), function)(cfg)
 
     job()

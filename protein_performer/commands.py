@@ -50,7 +50,8 @@ def train(cfg: DictConfig) -> None:
     from .hub.load import load_model
     from .training.run import train as train_run
     with settings_under("data"):  # cli.run checked the folder and cleans up after a user error
-        train_run(cfg, HydraConfig.get().runtime.output_dir, open_model=lambda p: load_model(p).net)
+        train_run(cfg, HydraConfig.get().runtime.output_dir, open_model=lambda p: load_model(p).net,
+                  overrides=list(HydraConfig.get().overrides.task))
 
 
 def prepare(cfg: DictConfig) -> None:
@@ -93,11 +94,13 @@ def probe(cfg: DictConfig) -> None:
     kw = settings(cfg, "embeddings", "labels", example="embeddings=OUT.h5 labels=labels.csv")
     from .probe import format_result, run_probe
     logging.getLogger("protein_performer").setLevel(logging.INFO)
-    from .files import refuse_overlap, write_json
+    from .files import write_json
+    from .output_guard import OutputGuard
     output = kw.pop("output")
     embeddings = kw["embeddings"] if isinstance(kw["embeddings"], list) else [kw["embeddings"]]
-    refuse_overlap({"output": output}, {"labels": kw["labels"], "test_labels": kw["test_labels"],
-                                        **{f"embeddings[{i}]": e for i, e in enumerate(embeddings)}})
+    OutputGuard("probe", {"labels": kw["labels"], "test_labels": kw["test_labels"],
+                          **{f"embeddings[{i}]": e for i, e in enumerate(embeddings)}},
+                overwrite=bool(kw.pop("overwrite", False))).file("output", output or None)
     result = run_probe(kw.pop("embeddings"), kw.pop("labels"), **kw)
     print(format_result(result))
     if output:
@@ -124,7 +127,8 @@ def compare(cfg: DictConfig) -> None:
                                                for name, tree in s["model_overrides"].items()},
                               title=s["title"], time_budget=s.get("time_budget"),
                               calibration_reps=s.get("calibration_reps"), max_records=s["heldout"]["max_records"],
-                              long_heldout=s["heldout"].get("long_path"), **s["eval"])
+                              long_heldout=s["heldout"].get("long_path"), overwrite=bool(s.get("overwrite")),
+                              **s["eval"])
     print(format_table(results))
     if s["heldout"].get("long_path"):
         print(f"on {s['heldout']['long_path']}:")

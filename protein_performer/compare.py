@@ -9,7 +9,8 @@ from typing import Sequence
 
 from .errors import UserError
 from .evaluate import evaluate, format_table
-from .files import refuse_overlap, write_bytes, write_json, write_text
+from .files import write_bytes, write_json, write_text
+from .output_guard import OutputGuard
 from .formats import check_source
 from .resources import conf_dir
 
@@ -51,7 +52,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             *, doc: str | Path | None = None, reuse: bool = True, command: str | None = None,
             exact_name: str = "transformer", model_overrides: dict[str, Sequence[str]] | None = None,
             title: str = "Performer kernels against exact softmax", time_budget: float | None = None,
-            calibration_reps: int | None = None, long_heldout: str | Path | None = None,
+            calibration_reps: int | None = None, long_heldout: str | Path | None = None, overwrite: bool = False,
             **eval_kwargs) -> dict[str, dict]:
     """Train each ``model`` config (conf/model/<name>.yaml) with the same overrides (budget,
     seed, data) through :func:`protein_performer.training.run.train`, evaluate the last
@@ -66,7 +67,9 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     off; ``calibration_reps`` batches timed per model and crop (None: step_cost.CALIBRATION_REPS).
     ``long_heldout``: a second held-out file scored the same way (its figures under each model's
     "long_heldout" and a second table in the doc): long proteins are few in ``heldout``, too few for
-    a bucket to separate kernels."""
+    a bucket to separate kernels. Every output goes through the output guard: a report or JSON
+    compare did not write (``output_dir``'s journal; a doc without :data:`GENERATED_END`) is
+    replaced only with ``overwrite`` (after a warning line)."""
     import time
 
     from omegaconf import OmegaConf
@@ -75,7 +78,18 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
 
     out = Path(output_dir)
     held = {"heldout.path": heldout, **({"heldout.long_path": long_heldout} if long_heldout else {})}
-    refuse_overlap({"doc": doc}, held)
+    data = [o.split("=", 1)[1] for o in train_overrides if o.startswith("data.path=")]
+    guard = OutputGuard("compare", {**held, "train.data.path": data[-1] if data else None}, overwrite=overwrite,
+                        folder=out, journal=True)
+    guard.folder_path("output_dir", out)
+    if doc is not None:
+        guard.file("doc", doc, ours=lambda p: GENERATED_END in p.read_text(errors="replace"))
+        guard.file("doc (its plot)", Path(doc).with_suffix(".png"),
+                   ours=lambda p: Path(doc).is_file() and GENERATED_END in Path(doc).read_text(errors="replace"))
+    for name in ("comparison.json", *(("calibration.json",) if time_budget is not None else ())):
+        guard.file(f"output_dir/{name}", out / name)
+    for i, name in enumerate(models):
+        guard.child(out / "runs", name, f"models[{i}]", "output_dir/runs")
     for key, path in held.items():  # a wrong path is one line now, not after every model has trained
         check_source(path, key)
     check_time_budget(time_budget, calibration_reps)
@@ -84,6 +98,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     calibration = None
     if time_budget is not None:
         calibration = calibrate(models, train_overrides, extras, float(time_budget), calibration_reps)
+        guard.record(out / "calibration.json")
         write_json(out / "calibration.json", calibration, indent=2)
         for name in models:
             extras[name] += [f"trainer.max_steps={calibration['steps'][name]}", "trainer.max_time=null"]
@@ -113,13 +128,15 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
             write_json(summary_path, {**info, "settings": settings}, indent=2)
             train_info[name] = info
         ckpts.append(str(last))
-    results = evaluate(ckpts, heldout, out / "eval", names=list(models), **eval_kwargs)
-    long_results = evaluate(ckpts, long_heldout, out / "eval_long", names=list(models), **eval_kwargs) \
+    results = evaluate(ckpts, heldout, out / "eval", names=list(models), overwrite=overwrite, **eval_kwargs)
+    long_results = evaluate(ckpts, long_heldout, out / "eval_long", names=list(models), overwrite=overwrite,
+                            **eval_kwargs) \
         if long_heldout else None
     for name in models:
         results[name]["training"] = train_info[name]
         if long_results:
             results[name]["long_heldout"] = long_results[name]
+    guard.record(out / "comparison.json", *((doc, Path(doc).with_suffix(".png")) if doc is not None else ()))
     write_json(out / "comparison.json", results, indent=2)
     if doc is not None:
         write_comparison_doc(results, doc, out / "eval" / "metrics.png", train_overrides, heldout,

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError, one_line
-from .files import refuse_overlap
+from .output_guard import OutputGuard
 from .model import AttentionConfig, ModelConfig, PerformerLM
 from .hub.export import export_config, write_model_dir
 from .tokenizer import ESM_TOKENS
@@ -109,10 +109,11 @@ def read_transformers(d: Path) -> tuple[dict, dict, dict]:
     vocab = d / "vocab.txt"
     if vocab.is_file() and vocab.read_text(encoding="utf-8").split() != list(ESM_TOKENS):
         raise UserError(f"{vocab}: not ESM-2's 33-token vocabulary")
-    dim, heads, inter = config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]
+    dim, heads, inter, depth = (_size(where, config, key) for key in ("hidden_size", "num_attention_heads",
+                                                                      "intermediate_size", "num_hidden_layers"))
     if inter % dim:
         raise UserError(f"{where}: intermediate_size {inter} is not a multiple of hidden_size {dim}")
-    settings = {"dim": dim, "depth": config["num_hidden_layers"], "heads": heads, "ff_mult": inter // dim,
+    settings = {"dim": dim, "depth": depth, "heads": heads, "ff_mult": inter // dim,
                 "norm_eps": float(config.get("layer_norm_eps", 1e-12)),
                 "token_dropout": bool(config.get("token_dropout", False)),
                 "dropout": float(config.get("hidden_dropout_prob", 0.0))}
@@ -149,11 +150,22 @@ def read_fair_esm(path: Path) -> tuple[dict, dict, dict]:
     if missing:
         raise UserError(f"{path}: cfg['model'] lacks {', '.join(missing)}")
     state = {re.sub(r"^(encoder\.sentence_encoder\.|encoder\.)", "", k): v for k, v in data["model"].items()}
-    dim = int(get("encoder_embed_dim"))
-    settings = {"dim": dim, "depth": int(get("encoder_layers")), "heads": int(get("encoder_attention_heads")),
+    where = f"{path}: cfg['model']"
+    dim, depth, heads = (_size(where, get, key) for key in ("encoder_embed_dim", "encoder_layers",
+                                                            "encoder_attention_heads"))
+    settings = {"dim": dim, "depth": depth, "heads": heads,
                 "ff_mult": 4, "norm_eps": 1e-5, "token_dropout": bool(get("token_dropout")), "dropout": 0.0}
     return settings, map_state(state, FAIR_NAMES, settings["depth"], str(path)), {
         "format": "fair-esm checkpoint", "name": path.stem, "path": str(path)}
+
+
+def _size(where, config, key: str) -> int:
+    """A size from an ESM config (``config``: a dict, or a getter), checked to be a positive integer:
+    one line naming it, not a traceback or a model of another size (``encoder_layers: 2.5``)."""
+    value = config(key) if callable(config) else config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{where}: {key} is {value!r}, not a positive integer")
+    return value
 
 
 def _torch_load(path: Path):
@@ -184,7 +196,8 @@ def build(settings: dict, tensors: dict, attention: dict | None, where: str) -> 
     config = ModelConfig(vocab_size=len(ESM_TOKENS), vocabulary="esm", qkv_bias=True, lm_head="esm",
                          rotary_inv_freq="float32", position="rotary",
                          attention=AttentionConfig(**_known_attention(att)), **settings)
-    model = PerformerLM(config)
+    with torch.device("meta"):  # shapes only: a small file whose config claims a huge model allocates nothing
+        model = PerformerLM(config)
     expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     params = {n for n, _ in model.named_parameters()}
     saved = {"lm_head.bias": "head_bias"}
@@ -196,6 +209,8 @@ def build(settings: dict, tensors: dict, attention: dict | None, where: str) -> 
         if k not in expected or t.shape != expected[k].shape:
             raise UserError(f"{where}: {k} has shape {tuple(t.shape)}, the model its config describes needs "
                             f"{tuple(expected[k].shape) if k in expected else 'none'}")
+    model = PerformerLM(config)  # the tensors fit: now the real one
+    expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     model.load_state_dict({**expected, **{k: t.float() for k, t in tensors.items()}}, strict=False)
     return model.eval()
 
@@ -210,9 +225,7 @@ def convert(input, output, overwrite: bool = False, attention: dict | None = Non
     and checked to reproduce the converted model's logits, then renamed into place; the same
     overwrite rules, lock and journal as ``export``)."""
     out, src = Path(output), Path(input)
-    refuse_overlap({"output": out}, {"input": src})
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output {out}: exists and is not a directory")
+    OutputGuard("convert-esm", {"input": src}).folder_path("output", out, holds=False)  # the output guard
     settings, tensors, source = read_esm(src)
     model = build(settings, tensors, attention, str(src))
     config = export_config(model.config, {"objective": "mlm"}, None)

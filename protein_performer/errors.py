@@ -10,6 +10,7 @@ bug and keeps its traceback.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
 EXIT_USER_ERROR = 2
@@ -27,12 +28,55 @@ USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, IsADirectoryError,
 
 def user_error(e: BaseException) -> BaseException | None:
     """``e``, or the exception it was raised from (``raise ... from``), when that is a user
-    error: Hydra wraps what a ``_target_`` raised (``data.max_tokens=0``) in its own type."""
+    error: Hydra wraps what a ``_target_`` raised (``data.max_tokens=0``) in its own type.
+    Lightning's and Hydra's own errors about a setting come back as a :class:`UserError`
+    (:func:`library_error`)."""
+    first = e
     while e is not None:
         if isinstance(e, USER_ERRORS):
             return e
         e = e.__cause__
+    return library_error(first)
+
+
+def library_error(e: BaseException) -> UserError | None:
+    """What Lightning or Hydra raised about a setting, as one line naming the key: Lightning's
+    ``MisconfigurationException`` (``trainer.max_steps=-5``, ``trainer=gpu`` without a GPU), and a
+    ``_target_``'s constructor refusing an argument (``+trainer.max_step=3``). Matched by class name:
+    this module imports neither library. Anything else is None (a bug: its traceback stays)."""
+    key = target = None
+    while e is not None:
+        names = {c.__name__ for c in type(e).__mro__}
+        text = (str(e).strip().splitlines() or [""])[0]
+        if "InstantiationException" in names:  # Hydra: "Error in call to target 'x.Y':\n...\nfull_key: trainer"
+            found = re.search(r"full_key: (\S+)", str(e))
+            key = found.group(1) if found else key
+            found = re.search(r"target '([^']+)'", str(e))
+            target = found.group(1) if found else target
+        elif "MisconfigurationException" in names:
+            return UserError(f"{key or 'trainer'}: {text}")
+        elif target is not None and isinstance(e, TypeError):
+            arg = re.search(r"unexpected keyword argument '([^']+)'", text)
+            if arg:
+                return UserError(f"{key + '.' if key else ''}{arg.group(1)}: {target} takes no such argument"
+                                 f"{_close_argument(target, arg.group(1))}")
+            if "required positional argument" in text or "positional argument" in text:
+                return UserError(f"{key or target}: {text}")
+        e = e.__cause__
     return None
+
+
+def _close_argument(target: str, name: str) -> str:
+    """`` (did you mean max_steps?)``: the closest of ``target``'s arguments, when it is imported."""
+    import difflib
+    import inspect
+    module, _, attr = target.rpartition(".")
+    try:
+        params = list(inspect.signature(getattr(sys.modules[module], attr)).parameters)
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    close = difflib.get_close_matches(name, params, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def one_line(e: BaseException) -> str:

@@ -46,7 +46,8 @@ from .sequences import read_sequences, skipped_text
 from .hub.load import checkpoint_step
 from .tokenizer import Tokenizer
 from .errors import UserError
-from .files import atomic_path, refuse_overlap, write_json, write_text
+from .files import atomic_path, write_json, write_text
+from .output_guard import OutputGuard
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ def load_proteins(path: str | Path, format: str | None = None, max_records: int 
                   unknown: str = "error", on_invalid: str = "error") -> list[Protein]:
     """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped) under the one
     invalid-record policy of :func:`protein_performer.sequences.read_sequences`."""
+    if max_records is not None and (isinstance(max_records, bool) or not isinstance(max_records, int)
+                                    or max_records < 1):
+        raise UserError(f"data.max_records={max_records!r}: a positive number of records, or null for all")
     stats: dict = {}
     entries = read_sequences(path, format, unknown=unknown, on_invalid=on_invalid, stats=stats)
     proteins = [Protein(e.id, e.tokens) for e in itertools.islice(entries, max_records)]
@@ -326,11 +330,15 @@ def _log_wandb(results: dict[str, dict], png: Path) -> None:
 
 def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str | Path, *,
              names: Sequence[str] | None = None, format: str | None = None, max_records: int | None = None,
-             unknown: str = "error", on_invalid: str = "error", **kwargs) -> dict[str, dict]:
+             unknown: str = "error", on_invalid: str = "error", overwrite: bool = False,
+             **kwargs) -> dict[str, dict]:
     """Evaluate one or several checkpoints on one file; write ``metrics.json``, ``metrics.csv``
     and ``metrics.png`` into ``output_dir``. With one checkpoint ``metrics.json`` holds its
     figures; with several it holds ``{"checkpoints": {name: figures}}`` and each also gets
-    ``output_dir/<name>/metrics.json``. ``kwargs`` go to :func:`evaluate_model`."""
+    ``output_dir/<name>/metrics.json``. ``kwargs`` go to :func:`evaluate_model`. Every output goes
+    through the output guard: a file evaluate did not record writing in ``output_dir``'s journal
+    is replaced only with ``overwrite`` (after a warning line), a name leaving ``output_dir`` or an
+    output over an input is refused."""
     paths = [str(ckpt)] if isinstance(ckpt, (str, Path)) else [str(c) for c in ckpt]
     if not paths:
         raise UserError("ckpt: no checkpoint given")
@@ -340,10 +348,15 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
             raise FileNotFoundError(f"checkpoint {p}: no such file")
     labels = _unique_names(paths, names)
     out = Path(output_dir)
-    outputs = {f"output_dir/{n}": out / n for n in ("metrics.json", "metrics.csv", "metrics.png")}
+    guard = OutputGuard("evaluate", {"data.path": data_path, **{f"ckpt[{i}]": p for i, p in enumerate(paths)}},
+                        overwrite=overwrite, folder=out, journal=True)
+    guard.folder_path("output_dir", out)
+    files = [out / n for n in ("metrics.json", "metrics.csv", "metrics.png")]
     if len(paths) > 1:
-        outputs |= {f"output_dir/{n}": out / n for n in labels}
-    refuse_overlap(outputs, {"data.path": data_path, **{f"ckpt[{i}]": p for i, p in enumerate(paths)}})
+        files += [guard.child(out, n, f"names[{i}]" if names is not None else "checkpoint name") / "metrics.json"
+                  for i, n in enumerate(labels)]
+    for f in files:
+        guard.file(f"output_dir/{f.relative_to(out)}", f)
     proteins = load_proteins(data_path, format, max_records, unknown, on_invalid)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
@@ -356,6 +369,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
         log.info("%s: perplexity %.3f (baseline %s), accuracy %.4f on %d tokens", name, m["perplexity"], base,
                  m["accuracy"], m["num_tokens"])
     # written only once every checkpoint is scored, each file whole (beside, then renamed)
+    guard.record(*files)
     if len(results) == 1:
         write_json(out / "metrics.json", next(iter(results.values())), indent=2)
     else:

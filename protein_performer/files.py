@@ -133,23 +133,41 @@ def write_json(path: str | Path, obj, indent: int | None = 1) -> Path:
 
 # --- locks ------------------------------------------------------------------------------
 @contextlib.contextmanager
-def exclusive_lock(path: str | Path, *, wait: bool = False, what: str | None = None) -> Iterator[None]:
+def exclusive_lock(path: str | Path, *, wait: bool = False, what: str | None = None,
+                   remove: bool = False) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing; released if the process
     dies). ``wait=False``: when another process holds it, a one-line :class:`UserError` naming
-    ``what`` (the output it guards) instead of waiting."""
+    ``what`` (the output it guards) instead of waiting. ``remove``: delete the lock file on
+    release if this call created it (a lock file that was there stays); a process that locked
+    a file removed meanwhile tries again on the new one, so two never hold one output."""
     import fcntl
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
+    for _ in range(100):
+        created = not os.path.lexists(path)
+        fh = open(path, "a")
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise UserError(f"{what or path}: another process is writing it now (lock {path}); "
-                            f"wait for it to finish or choose another output") from None
-        try:
-            yield
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise UserError(f"{what or path}: another process is writing it now (lock {path}); "
+                                f"wait for it to finish or choose another output") from None
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(fh.fileno()).st_ino:  # its holder removed it when done: lock the new one
+                continue
+            try:
+                yield
+            finally:
+                if remove and created:
+                    path.unlink(missing_ok=True)  # still locked: a waiting process sees the removal
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            return
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+    raise UserError(f"{what or path}: could not lock {path} (it keeps being replaced)")
 
 
 # --- what a run wrote -------------------------------------------------------------------
@@ -221,15 +239,11 @@ class WrittenFiles:
 
 # --- outputs that would destroy inputs -------------------------------------------------
 def refuse_overlap(outputs: dict[str, str | Path], inputs: dict[str, str | Path]) -> None:
-    """One-line :class:`UserError` when an output (``{key: path}``) is an input, or is a
-    folder that holds one: writing it would replace or delete what the command reads."""
-    ins = {k: Path(v).resolve() for k, v in inputs.items() if v is not None}
-    for ok, o in outputs.items():
-        if o is None:
-            continue
-        op = Path(o).resolve()
-        for ik, ip in ins.items():
-            same = op == ip or (op.exists() and ip.exists() and op.samefile(ip))
-            if same or ip.is_relative_to(op):
-                raise UserError(f"{ok}={o}: {'is' if same else 'holds'} the input {ik}={inputs[ik]}; "
-                                f"choose another {ok}")
+    """One-line :class:`UserError` when an output (``{key: path}``) is an input, lies inside one,
+    or is a folder that holds one (the checks of :class:`~protein_performer.output_guard.OutputGuard`,
+    their one home)."""
+    from .output_guard import OutputGuard
+    guard = OutputGuard("", inputs)
+    for key, path in outputs.items():
+        if path is not None:
+            guard.overlap(key, path)

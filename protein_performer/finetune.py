@@ -31,9 +31,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import UserError, first_line
-from .files import (WrittenFiles, atomic_path, dead_temporaries, exclusive_lock, refuse_overlap, remove_path,
-                    write_json, write_text)
+from .files import (WrittenFiles, atomic_path, dead_temporaries, exclusive_lock, remove_path, write_json,
+                    write_text)
+from .output_guard import OutputGuard
 from .hub.export import FINETUNE_CONFIG as CONFIG
+from .probe import check_classes, check_test_overlap, repeated
 from .model.heads import FineTuneNet
 from .formats.fasta import read_fasta
 from .formats.tabular import csv_reader, sequence_id
@@ -81,6 +83,8 @@ def read_examples(path: str | Path, task: str, sequences: str | Path | None = No
         by_id = {r.id: r.sequence for r in read_fasta(sequences)}
     first = next((line for _, line in numbered_lines(path) if line.strip()), "")
     ex = Examples([], [], [], [])
+    seen: dict = {}  # id -> (line, label): probe's rule for a protein listed twice
+    repeats = {"same": 0, "other": 0}
 
     def add(n: int, rid: str, seq: str | None, label: str, split: str | None):
         where = f"{path}:{n}"
@@ -108,6 +112,9 @@ def read_examples(path: str | Path, task: str, sequences: str | Path | None = No
                 raise UserError(f"{where}: protein {rid!r}: {len(label)} residue labels for {len(seq)} residues")
         if split is not None and split not in SPLITS:
             raise UserError(f"{where}: protein {rid!r}: split {split!r}: expected train, valid or test")
+        # listed again with another class: refused (probe's rule); another value: a replicate measurement
+        if repeated(seen, rid, label, where, conflicts="count" if task == "regression" else "refuse"):
+            repeats["same" if seen[rid][1] == label else "other"] += 1
         ex.ids.append(rid), ex.seqs.append(seq), ex.labels.append(label), ex.split.append(split)
 
     if first.startswith(">"):
@@ -126,6 +133,9 @@ def read_examples(path: str | Path, task: str, sequences: str | Path | None = No
         _read_csv(path, add, by_id is not None)
     if not ex.ids:
         raise UserError(f"labels {path}: no labeled rows")
+    if any(repeats.values()):
+        log.warning("%s: %d rows repeat a protein listed before with the same label%s; every row is kept", path,
+                    repeats["same"], f", {repeats['other']} with another value (replicates)" if repeats["other"] else "")
     if any(s is None for s in ex.split) and not all(s is None for s in ex.split):
         n = next(i for i, s in enumerate(ex.split) if s is None)
         raise UserError(f"labels {path}: protein {ex.ids[n]!r} has no split while others have one")
@@ -383,8 +393,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
     from .hub.load import load_model
     out = Path(output_dir)
-    refuse_overlap({"output_dir": out}, {"ckpt": ckpt, "labels": labels, "sequences": sequences,
-                                         "test_labels": test_labels})
+    OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
+                ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= v < 1:
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
@@ -410,6 +420,11 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         ex = Examples(ex.ids + more.ids, ex.seqs + more.seqs, ex.labels + more.labels,
                       ex.split + ["test"] * len(more.ids))
     split = assign_splits(ex, valid_fraction, test_fraction, seed, str(labels))
+    # probe's rule: test proteins (by sequence) that the model trains on are refused, or warned of with counts
+    check_test_overlap([q for q, s in zip(ex.seqs, split) if s != "test"],
+                       [q for q, s in zip(ex.seqs, split) if s == "test"], test_labels or labels)
+    if task == "classification":
+        check_classes(ex.labels, labels)
     classes = (sorted({c for lab in ex.labels for c in lab}) if task == "residue"
                else sorted(set(ex.labels)) if task == "classification" else [])
     if task != "regression" and len(classes) < 2:
@@ -418,9 +433,15 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     scale = (float(train_y.mean()), float(train_y.std()) or 1.0) if task == "regression" else (0.0, 1.0)
     _check_output(out, overwrite)
 
+    longest = max(len(s) for s in ex.seqs) + 2
+    if task == "residue" and isinstance(window, int) and not isinstance(window, bool) and window > longest - 3:
+        # the head's context cannot reach past the longest protein: beyond it, only cost
+        log.warning("window=%d: capped at %d, the longest protein's length less one (%d residues); a wider "
+                    "window sees nothing more and costs window x length per protein", window, longest - 3,
+                    longest - 2)
+        window = longest - 3
     loaded = load_model(ckpt)
     encoder = loaded.net.encoder
-    longest = max(len(s) for s in ex.seqs) + 2
     if encoder.pos_embed is not None and longest > encoder.max_positions:
         raise UserError(f"labels {labels}: a protein of {longest - 2} residues is longer than the model's learned "
                         f"positions (model.max_positions={encoder.max_positions})")
@@ -454,7 +475,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             fit = pl.Trainer(default_root_dir=root, **settings)
         except (TypeError, ValueError) as e:  # an unknown or bad trainer.* setting (MisconfigurationException too)
             raise UserError(f"trainer: {first_line(e)}") from e
-        with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}"):
+        with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}", remove=True):
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
@@ -558,8 +579,10 @@ def format_metrics(result: dict) -> str:
 
 # --- outputs ----------------------------------------------------------------------------
 def _check_output(out: Path, overwrite: bool, sweep: bool = False) -> None:
-    """Before any work: ``output_dir`` is new, empty, or (with overwrite) an earlier finetune
-    output holding only what finetune wrote. A kill inside one of finetune's atomic writes
+    """Before any work: ``output_dir`` is new, empty, an unfinished finetune output (finetune's
+    files without ``metrics.json``, written last: a kill during the final writes; the rerun
+    completes it), or (with overwrite) an earlier finetune output holding only what finetune
+    wrote. A kill inside one of finetune's atomic writes
     leaves a temporary no journal can list: a dead process's temporary of the journal, or of a
     name the journal records, counts as finetune's, and ``sweep`` (under the output's lock)
     removes it."""
@@ -578,7 +601,7 @@ def _check_output(out: Path, overwrite: bool, sweep: bool = False) -> None:
         if other:
             raise UserError(f"output_dir {out}: holds {', '.join(other[:3])}, not written by finetune; "
                             f"move it away or choose another folder")
-        if not overwrite:
+        if not overwrite and (out / METRICS).is_file():  # without metrics.json: unfinished, the rerun completes it
             raise UserError(f"output_dir {out}: holds an earlier finetune output; overwrite=true replaces it")
     for p in leftovers if sweep else ():
         remove_path(p)
@@ -589,6 +612,9 @@ def _write_outputs(out: Path, net: FineTuneNet, meta: dict, result: dict, ids, l
     out.mkdir(parents=True, exist_ok=True)
     written = WrittenFiles(out / JOURNAL)
     written.record(*(out / name for name in (WEIGHTS, CONFIG, PREDICTIONS, METRICS)))
+    # metrics.json marks a whole output: it goes first (finetune's, checked under the lock), so a
+    # kill among the writes below leaves an unfinished output that the rerun completes
+    (out / METRICS).unlink(missing_ok=True)
     write_json(out / CONFIG, meta, indent=2)
     with atomic_path(out / WEIGHTS) as tmp:
         save_file({k: v.contiguous() for k, v in _state(net).items()}, str(tmp), metadata={"format": "pt"})

@@ -34,7 +34,8 @@ import torch
 from .device import resolve_device
 from .hub.load import load_model
 from .errors import UserError
-from .files import refuse_overlap, write_json, write_text
+from .files import write_json, write_text
+from .output_guard import OutputGuard
 from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
 
 
@@ -365,14 +366,17 @@ def load_generator(ckpt: str, device="cpu"):
 def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, min_length: int = 0,
         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, prompt: str | None = None,
         seed: int | None = 0, batch_size: int | None = None, device: str | None = "auto",
-        progress: bool = True) -> dict:
+        progress: bool = True, overwrite: bool = False) -> dict:
     """Everything ``scripts/generate.py`` does: load, sample, write ``output`` (FASTA) and
     :func:`report_path` (settings, per-sample scores, composition vs
-    training), print the report. Returns the JSON payload."""
+    training), print the report. Returns the JSON payload. An existing ``output`` or report is
+    replaced only with ``overwrite`` (:class:`~protein_performer.output_guard.OutputGuard`)."""
     if not output:
         raise GenerationError("no output given: pass output=OUT.fasta")
     json_path = report_path(output)
-    refuse_overlap({"output": output, "output (its report)": json_path}, {"ckpt": ckpt or None})
+    guard = OutputGuard("generate", {"ckpt": ckpt or None}, overwrite=overwrite)
+    guard.file("output", output)
+    guard.file("output (its report)", json_path)
     check_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
     try:
         dev = resolve_device(device)

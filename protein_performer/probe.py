@@ -25,7 +25,7 @@ import numpy as np
 
 from .formats.tabular import csv_reader, sequence_id
 from .tokenizer import STANDARD_AA
-from .errors import UserError
+from .errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,9 @@ def read_labels(path: str | Path) -> Labels:
                 skipped["empty"] += 1
                 continue
             rid = row[col["id"]].strip() if "id" in col else sequence_id(seq)
-            if rid in first:
-                line, old = first[rid]
-                if old != label:
-                    raise UserError(f"{path}:{n}: protein {rid!r} labeled {label!r}, but {old!r} on line {line}; "
-                                    f"one label per protein")
+            if repeated(first, rid, label, f"{path}:{n}"):
                 skipped["duplicate"] += 1
                 continue
-            first[rid] = (n, label)
             ids.append(rid)
             labels.append(label)
             seqs.append(seq)
@@ -162,6 +157,61 @@ def read_labels(path: str | Path) -> Labels:
                     skipped["empty"], skipped["duplicate"])
     return Labels(ids, labels, seqs if "seq" in col else None, split if "split" in col else None,
                   str(path), skipped)
+
+
+def repeated(first: dict, rid: str, label, where: str, conflicts: str = "refuse") -> bool:
+    """Whether protein ``rid`` (at ``where``, ``file:line``) was listed before in this file, ``first``
+    holding each id's first (line, label). Listed again with another label: one line naming both
+    lines (``conflicts="refuse"``, probe's and fine-tuning's classes), or, with ``conflicts="count"``
+    (replicate measurements of a regression target), True like a plain repeat: the caller counts it."""
+    line = where.rpartition(":")[2]
+    if rid not in first:
+        first[rid] = (line, label)
+        return False
+    old_line, old = first[rid]
+    if old != label and conflicts == "refuse":
+        raise UserError(f"{where}: protein {rid!r} labeled {label!r}, but {old!r} on line {old_line}; "
+                        f"one label per protein")
+    return True
+
+
+def check_test_overlap(train: Sequence, test: Sequence, test_source) -> None:
+    """Refuse a test set made of training proteins (``train``, ``test``: the proteins' keys, such as
+    embedding rows or sequences), and warn with counts when only some test proteins are training
+    proteins: the one rule probe and finetune share."""
+    train = set(train)
+    both = sum(t in train for t in test)
+    if test and both == len(test):
+        raise UserError(f"labels {test_source}: every test protein is also a training protein; "
+                        f"the test set must hold other proteins")
+    if both:
+        log.warning("%d of %d test proteins of %s are also training proteins: the scores are optimistic",
+                    both, len(test), test_source)
+
+
+#: classification labels beyond this many distinct values that also look like measurements are refused
+MAX_NUMERIC_CLASSES = 20
+
+
+def check_classes(labels: Sequence, source) -> None:
+    """Refuse classification labels that do not look like classes: more than
+    :data:`MAX_NUMERIC_CLASSES` distinct values that are all numbers, not all whole (200 stability
+    scores would make 199 classes), or more distinct values than half the proteins (nearly every
+    protein a class of its own)."""
+    distinct = sorted({str(x).strip() for x in labels})
+    if len(distinct) <= MAX_NUMERIC_CLASSES:
+        return
+    try:
+        values = np.array([float(x) for x in distinct])
+    except ValueError:
+        values = None
+    numeric = values is not None and bool(np.isfinite(values).all())
+    fractional = numeric and not bool(np.all(values == np.round(values)))
+    if fractional or 2 * len(distinct) > len(labels):
+        what = "numbers, not all whole" if fractional else "nearly one per protein"
+        raise UserError(f"labels {source}: {len(distinct)} distinct labels among {len(labels)} proteins "
+                        f"({what}: {', '.join(distinct[:3])}, ...) do not look like classes"
+                        f"{'; for measurements use task=regression' if numeric else ''}")
 
 
 def composition_features(seqs: Sequence[str]) -> np.ndarray:
@@ -258,11 +308,23 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
               baseline: bool = True, shuffle_control: bool = True, max_train: int | None = None,
               max_test: int | None = None) -> dict:
     """The probe experiment; returns a JSON-ready dict of scores and counts."""
+    if task not in ("auto", "classification", "regression"):
+        raise UserError(f"task={task!r}: choose auto, classification or regression")
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise UserError(f"folds={folds!r}: the cross-validation's folds, an integer of 2 or more")
+    for key, cap in (("max_train", max_train), ("max_test", max_test)):
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise UserError(f"{key}={cap!r}: a positive number of proteins, or null for all")
     ids, X = load_embeddings(embeddings, pooling, layer)
     row = {rid: i for i, rid in enumerate(ids)}
     tables = [read_labels(labels)] + ([read_labels(test_labels)] if test_labels else [])
     if task == "auto":
         task = detect_task([lab for t in tables for lab in t.labels])
+    for t in tables:
+        if task == "regression":
+            check_values(t)
+        else:
+            check_classes(t.labels, t.source)
     rng = np.random.default_rng(seed)
 
     def gather(t: Labels, which: list[int]):
@@ -290,7 +352,7 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     if any(len(g[0]) == 0 for g in gathered):
         raise UserError(f"no labeled rows of {labels} match ids in {embeddings} "
                          f"(CSV rows without an id column are matched by sequence_id(seq))")
-    check_split(gathered, task, labels, test_labels or labels)
+    check_split(gathered, task, labels, test_labels or labels, folds)
     # subsample (seeded) and build features
     caps = [max_train, max_test]
     feats = []
@@ -313,7 +375,13 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
         log.info("probe %d/%d (%s): %d x %d, %s", len(fitted) + 1, n_fits, name, X_tr.shape[0], X_tr.shape[1],
                  protocol)
         t = time.perf_counter()
-        fitted.append(fit_and_score(task, X_tr, y_tr, X_te, yte, folds, seed))
+        try:
+            fitted.append(fit_and_score(task, X_tr, y_tr, X_te, yte, folds, seed))
+        except UserError:
+            raise
+        except ValueError as e:  # scikit-learn refusing these labels (too few of a class for the folds, ...)
+            raise UserError(f"labels {labels}: the {name} probe cannot be fitted on these labels "
+                            f"({first_line(e)})") from e
         log.info("probe %d/%d (%s): done in %.1f s", len(fitted), n_fits, name, time.perf_counter() - t)
         return fitted[-1]
 
@@ -332,25 +400,46 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     return result
 
 
-def check_split(gathered: list, task: str, train_source, test_source) -> None:
+def check_values(t: Labels) -> None:
+    """Regression labels are finite numbers: one line naming the first protein whose label is not."""
+    for rid, label in zip(t.ids, t.labels):
+        try:
+            value = float(label)
+        except ValueError:
+            raise UserError(f"labels {t.source}: protein {rid!r}: label {label!r} is not a number "
+                            f"(task=regression)") from None
+        if not np.isfinite(value):
+            raise UserError(f"labels {t.source}: protein {rid!r}: label {label!r} is not a finite number")
+
+
+def check_split(gathered: list, task: str, train_source, test_source, folds: int = 5) -> None:
     """Refuse what no probe can score honestly: a training set of one class, a regression
-    target that never varies, a test set made of training proteins (a warning when only
-    some are)."""
+    target that never varies, fewer training proteins than folds or classes too small for
+    the stratified folds, a test set made of training proteins (a warning when only some are)."""
     y = gathered[0][1]
     if len(np.unique(y)) < 2:
         what = "classes" if task == "classification" else "values"
         raise UserError(f"labels {train_source}: every training protein has the same label '{y[0]}'; "
                         f"a probe needs at least two {what}")
+    # the regularization is chosen by an inner folds-fold CV on the training proteins (within the
+    # outer folds' training part when there is no test split): each class needs a member in each
+    need = folds if len(gathered) > 1 else folds + 1
+    if len(y) < need:
+        raise UserError(f"labels {train_source}: {len(y)} training proteins; the probe's {folds}-fold "
+                        f"cross-validation needs at least {need} (lower folds=, or label more proteins)")
+    if task == "classification":
+        vals, counts = np.unique(y, return_counts=True)
+        if counts.max() < need:
+            raise UserError(f"labels {train_source}: no class has {need} training proteins (the largest, "
+                            f"{vals[np.argmax(counts)]!r}, has {counts.max()}); the probe's {folds}-fold "
+                            f"stratified cross-validation needs that many (lower folds=, or label more proteins)")
+        rare = [f"{v!r} ({c})" for v, c in zip(vals, counts) if c < need]
+        if rare:
+            log.warning("classes with fewer training proteins than the %d folds need: %s; their scores are "
+                        "unreliable", need, ", ".join(rare[:5]) + (", ..." if len(rare) > 5 else ""))
     if len(gathered) < 2:
         return
-    train, test = set(gathered[0][0].tolist()), gathered[1][0].tolist()
-    both = sum(r in train for r in test)
-    if both == len(test):
-        raise UserError(f"labels {test_source}: every test protein is also a training protein; "
-                        f"the test set must hold other proteins")
-    if both:
-        log.warning("%d of %d test proteins of %s are also training proteins: the scores are optimistic",
-                    both, len(test), test_source)
+    check_test_overlap(gathered[0][0].tolist(), gathered[1][0].tolist(), test_source)
 
 
 def format_result(r: dict) -> str:

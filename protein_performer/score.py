@@ -39,14 +39,15 @@ import torch
 
 from .data.sampler import MAX_TOKENS, token_budget_batches
 from .errors import UserError
-from .files import refuse_overlap, write_json, write_text
+from .files import write_json, write_text
+from .output_guard import OutputGuard
 from .hub.load import load_model
 from .data.collate import pad_batch
 from .sequences import read_sequences
 from .formats import ParseError, check_source
 from .formats.text import open_text
 from .sequences import MAX_MESSAGES
-from .tokenizer import AMINO_ACIDS, Tokenizer
+from .tokenizer import AMINO_ACIDS, STANDARD_AA, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ def parse_mutant(text: str, wild_type: str, offset: int = 1) -> tuple[tuple[int,
                             f" with offset={offset})")
         if wild_type[i] != wt:
             raise UserError(f"the wild type has {wild_type[i]!r} at position {pos}, not {wt!r}")
-        if mt not in AMINO_ACIDS:
-            raise UserError(f"{mt!r} is not an amino acid")
+        if mt not in STANDARD_AA:
+            rare = " (X, B, Z, U and O: unknown, ambiguous or rare residues no score covers)" if mt in AMINO_ACIDS else ""
+            raise UserError(f"{mt!r} is not one of the 20 standard amino acids{rare}")
         if i in seen:
             raise UserError(f"position {pos} is mutated twice")
         seen.add(i)
@@ -470,14 +472,24 @@ def score_files(ckpt: Any, input: str, output: str, sequence: str | None = None,
                 rnn_batch: int = 256, device: str = "auto", precision: str = "32") -> dict:
     """Score every assay, write the scored CSVs and the metrics JSON; returns the summary."""
     input_p, output_p = Path(input), Path(output)
-    assays = read_assays(input_p, sequence, sequence_file, reference, int(offset), on_invalid)
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise UserError(f"offset={offset!r}: the number of the wild type's first residue, an integer (1 by default)")
+    assays = read_assays(input_p, sequence, sequence_file, reference, offset, on_invalid)
     outs, metrics_path = output_paths(input_p, output_p, assays)
-    refuse_overlap({"output": output_p, "metrics JSON": metrics_path},
-                   {"reference": reference, "sequence_file": sequence_file,
-                    **{f"input {a.name}" if input_p.is_dir() else "input": a.path for a in assays}})
-    for p in [*outs, metrics_path]:
-        if p.exists() and not overwrite:
-            raise UserError(f"output {p} exists; pass overwrite=true to replace it")
+    # the output guard: no output is, holds or lies inside an input (the checkpoint or export
+    # directory too), none leaves the output folder, an existing one is replaced only with overwrite
+    guard = OutputGuard("score", {**{f"input {a.name}" if input_p.is_dir() else "input": a.path for a in assays},
+                                  **({"input": input_p} if input_p.is_dir() else {}),
+                                  "reference": reference, "sequence_file": sequence_file,
+                                  "ckpt": ckpt if isinstance(ckpt, (str, Path)) else None}, overwrite=overwrite)
+    if input_p.is_dir():
+        guard.folder_path("output", output_p, holds=False)
+        outs = [guard.child(output_p, a.name, f"input file {a.name}", "output") for a in assays]
+    else:
+        guard.overlap("output", output_p)
+    for key, p in [*((f"output {o.name}" if input_p.is_dir() else "output", o) for o in outs),
+                   ("metrics JSON", metrics_path)]:
+        guard.file(key, p)
     loaded = load_model(ckpt, device)
     strategies = resolve_strategies(strategies, loaded.causal, loaded.source)
     scorer = Scorer(loaded, max_tokens, rnn_batch, precision)

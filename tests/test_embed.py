@@ -436,7 +436,7 @@ def test_cli_errors_are_one_line_and_leave_nothing(ckpt, tmp_path, capsys):
         ([f"ckpt={tmp_path / 'junk.ckpt'}"], r"checkpoint .*junk\.ckpt: cannot load \("),
         ([f"ckpt={tmp_path / 'missing.ckpt'}"], r"checkpoint .*missing\.ckpt: no such file"),
         ([f"output={tmp_path / 'notes.txt'}"], r"output .*notes\.txt: exists and is not an HDF5 file"),
-        ([f"output={tmp_path / 'adir'}"], r"output .*adir: is a directory"),
+        ([f"output={tmp_path / 'adir'}"], r"output=.*adir: is a directory"),
     ]
     before = sorted(p.name for p in tmp_path.rglob("*"))
     for overrides, pattern in cases:

@@ -104,7 +104,7 @@ def test_two_processes_resume_and_write_the_single_process_files(tmp_path, monke
     assert_same_file(work / "e.h5", clean / "e.h5")
     assert sha(work / "e.h5") == sha(clean / "e.h5")
     assert listing(work / "pt") == listing(clean / "pt")
-    assert sorted(p.name for p in work.iterdir()) == ["e.h5", "e.h5.lock", "pt"]  # no journal left
+    assert sorted(p.name for p in work.iterdir()) == ["e.h5", "pt"]  # no journal, no lock left
 
 
 if __name__ == "__main__":

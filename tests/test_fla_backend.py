@@ -228,10 +228,10 @@ def test_16_bit_values_run_the_op_in_16_bit(dtype):
 @needs_fla
 def test_layer_dispatches_causal_linear_attention_to_fla(monkeypatch):
     """Attention(backend='fla') sends its causal linear attention (forward and prompt steps) to the
-    fla op; with the naive op in place it equals backend='torch' (the non-causal path stays torch)."""
+    fla op; with the naive op in place it equals backend='torch'."""
     from protein_performer.attention import Attention
     calls = []
-    monkeypatch.setattr(fla_backend, "resolve_backend", lambda backend, device: "fla" if backend == "fla" else "torch")
+    monkeypatch.setattr(fla_backend, "resolve_backend", lambda backend, device, *a, **k: "fla" if backend == "fla" else "torch")
     monkeypatch.setattr(fla_backend, "fla_op", lambda: OPS["chunk"](calls))
     x = torch.randn(2, 90, 32, generator=torch.Generator().manual_seed(0))
     for kernel in ("softmax", "elu"):
@@ -243,16 +243,14 @@ def test_layer_dispatches_causal_linear_attention_to_fla(monkeypatch):
         st = [m.init_state(2) for m in mods]
         (pa, _), (pb, _) = (m.step(x[:, :40], s) for m, s in zip(mods, st))
         assert len(calls) == n + 2 and rel(pb, pa) < 1e-5
-    bidir = Attention(32, 2, kernel="softmax", nb_features=16, causal=False, backend="fla").eval()
-    n = len(calls)
-    bidir(x)
-    assert len(calls) == n
 
 
 # ------------------------------------------------------------------ backend selection (no fla needed)
 def test_auto_is_torch_on_cpu_and_torch_is_torch_anywhere():
-    assert resolve_backend("auto", "cpu") == "torch"
-    assert resolve_backend("torch", "cuda") == "torch"
+    for causal in (True, False):
+        assert resolve_backend("auto", "cpu", causal) == "torch"
+        assert resolve_backend("torch", "cuda", causal) == "torch"
+        assert resolve_backend("parallel", "cpu", causal) == "parallel"
 
 
 def test_fla_without_cuda_or_package_is_one_line_error(monkeypatch):
@@ -261,13 +259,14 @@ def test_fla_without_cuda_or_package_is_one_line_error(monkeypatch):
     monkeypatch.setattr(fla_backend, "fla_import_problem", lambda: "flash-linear-attention does not import (x)")
     with pytest.raises(UserError, match=r"^model.attention.backend=fla: flash-linear-attention does not import"):
         resolve_backend("fla", "cuda")
-    assert resolve_backend("auto", "cuda") == "torch"        # auto falls back and says why
-    with pytest.raises(UserError, match=r"^model.attention.backend='flash': choose one of auto, torch, fla$"):
+    assert resolve_backend("auto", "cuda") == "parallel"     # auto falls back and says why
+    with pytest.raises(UserError, match=r"^model.attention.backend='flash': choose one of auto, torch, parallel, fla$"):
         resolve_backend("flash", "cpu")
 
 
 def test_auto_takes_fla_on_cuda_when_it_imports_and_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(fla_backend, "fla_import_problem", lambda: None)
+    monkeypatch.setattr(fla_backend, "fla_stack_problem", lambda device: None)
     monkeypatch.setattr(fla_backend, "_announced", set())
     with caplog.at_level("INFO", logger="protein_performer.attention.fla_backend"):
         assert [resolve_backend("auto", "cuda") for _ in range(3)] == ["fla"] * 3
@@ -280,8 +279,9 @@ def test_layer_with_fla_on_cpu_is_one_line_error():
     m = Attention(32, 2, kernel="softmax", nb_features=16, causal=True, backend="fla")
     with pytest.raises(UserError, match="needs a CUDA device"):
         m(torch.randn(1, 8, 32))
-    assert Attention(32, 2, kernel="softmax", nb_features=16, causal=False, backend="fla")(torch.randn(1, 8, 32)).shape \
-        == (1, 8, 32)                     # the bidirectional path has no fla kernel: torch, anywhere
+    bidir = Attention(32, 2, kernel="softmax", nb_features=16, causal=False, backend="fla")
+    with pytest.raises(UserError, match="^model.attention.backend=fla: fla has no bidirectional path here"):
+        bidir(torch.randn(1, 8, 32))      # fla has no bidirectional kernel: refused, not silently torch
 
 
 def test_config_and_training_refuse_fla_on_cpu(tmp_path, capsys, small_fasta):
@@ -293,7 +293,7 @@ def test_config_and_training_refuse_fla_on_cpu(tmp_path, capsys, small_fasta):
     from protein_performer.errors import cli
     from protein_performer.model import ModelConfig
     from protein_performer.training.run import train
-    with pytest.raises(UserError, match=r"^model.attention.backend='cuda': choose one of auto, torch, fla$"):
+    with pytest.raises(UserError, match=r"^model.attention.backend='cuda': choose one of auto, torch, parallel, fla$"):
         ModelConfig(attention={"backend": "cuda"})
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[

@@ -331,11 +331,11 @@ def test_script_end_to_end(clm_ckpt, tmp_path):
     recs = list(SeqIO.parse(str(out), "fasta"))
     assert len(recs) == 3 and all(str(r.seq).startswith("MKT") for r in recs)
     assert "top_k=10" in recs[0].description and (tmp_path / "s.json").exists()
-    p = subprocess.run([sys.executable, "scripts/generate.py", f"ckpt={tmp_path}/nope.ckpt", f"output={out}",
+    p = subprocess.run([sys.executable, "scripts/generate.py", f"ckpt={tmp_path}/nope.ckpt", f"output={tmp_path / 't.fasta'}",
                         f"hydra.run.dir={tmp_path}/h"], cwd=REPO, capture_output=True, text=True, env=env,
                        timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
-    assert len(p.stderr.strip().splitlines()) == 1
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.fasta").exists()
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "trig", "exact"])

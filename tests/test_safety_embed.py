@@ -322,10 +322,10 @@ def test_every_setting_id_and_path_is_checked_before_work(ckpt, tmp_path, capsys
          r"long\.fasta:3: record 'x{40}\.\.\.': its id makes a 303-byte file name in pt_dir, over the 255-byte"),
         ([f"input={tmp_path / 'empty_id.csv'}", "per_residue=true"],
          r"empty_id\.csv:3: record has an empty id, and per_residue names each protein by its id"),
-        ([f"output={inp}"], r"output .*in\.fasta: .*in\.fasta is the input itself"),
-        ([f"output={tmp_path / 'notes.txt' / 'e.h5'}"], r"output .*notes\.txt/e\.h5: .*notes\.txt is a file, not a folder"),
-        ([f"pt_dir={tmp_path / 'notes.txt' / 'pt'}"], r"pt_dir .*: .*notes\.txt is a file, not a folder"),
-        ([f"ckpt={exported}", f"pt_dir={exported}"], r"pt_dir .*exported: .*exported is the ckpt itself"),
+        ([f"output={inp}"], r"output=.*in\.fasta: is the input input=.*in\.fasta"),
+        ([f"output={tmp_path / 'notes.txt' / 'e.h5'}"], r"output=.*notes\.txt/e\.h5: .*notes\.txt is a file, not a folder"),
+        ([f"pt_dir={tmp_path / 'notes.txt' / 'pt'}"], r"pt_dir=.*: .*notes\.txt is a file, not a folder"),
+        ([f"ckpt={exported}", f"pt_dir={exported}"], r"pt_dir=.*exported: is the input ckpt=.*exported"),
         ([f"output={tmp_path / 'x'}", f"pt_dir={tmp_path / 'x'}"], r"output .*x and pt_dir .*x are the same path"),
     ]
     for overrides, pattern in cases:

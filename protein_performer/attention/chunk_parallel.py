@@ -56,7 +56,8 @@ def chunk_parallel_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     initial_state: LinearState | None = None, output_final_state: bool = False):
     """Causal linear attention, all chunks at once: q, k (B, H, L, r) features, v (B, H, L, d) ->
     (out (B, H, L, d) in v's dtype, final state (S, Z, m) or None); arguments as
-    :func:`~protein_performer.attention.linear.chunk_linear_attention`."""
+    :func:`~protein_performer.attention.linear.chunk_linear_attention`.  Products are 3-D (bmm): rows
+    (B x H x N) of one chunk each, or (B x H) of N chunks for the prefix."""
     out_dtype = v.dtype
     B, H, L, r = q.shape
     d = v.shape[-1]
@@ -68,60 +69,74 @@ def chunk_parallel_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.T
         v1 = with_ones(v)
         bad = ~torch.isfinite(v1.sum(-1))                                   # (B, H, L)
         v1 = v1.masked_fill(bad.unsqueeze(-1), 0.0)
-        chunks = lambda x: F.pad(x, (0, 0, 0, extra)).view(B, H, N, C, x.shape[-1])  # noqa: E731
+        chunks = lambda x: (F.pad(x, (0, 0, 0, extra)) if extra else x).reshape(B * H * N, C, x.shape[-1])  # noqa: E731
         qc, kc, vc = chunks(q), chunks(k), chunks(v1)
         S0 = m0 = None
         if initial_state is not None:
-            S0 = torch.cat([initial_state[0], initial_state[1].unsqueeze(-1)], dim=-1).to(dtype)  # (B, H, r, d + 1)
-            m0 = initial_state[2].to(dtype).reshape(B, H)
-        scores = qc @ kc.transpose(-1, -2)                                  # (B, H, N, C, C)
-        upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu_(1)
+            S0 = torch.cat([initial_state[0], initial_state[1].unsqueeze(-1)], dim=-1).to(dtype).view(B * H, r, d + 1)
+            m0 = initial_state[2].to(dtype).reshape(B * H)
+        scores = torch.bmm(qc, kc.transpose(1, 2))                          # (B H N, C, C)
+        upper = _upper(C, q.device)
         if s is None:
-            nd, SZ = _unscaled(qc, kc, vc, scores.masked_fill(upper, 0.0), S0)
-            m = m0[..., None] if m0 is not None else torch.full((B, H, 1), torch.finfo(dtype).min,
-                                                                device=q.device, dtype=dtype)
+            nd, SZ = _unscaled(qc, kc, vc, scores.masked_fill(upper, 0.0), S0, N)
+            m = m0.view(B, H, 1) if m0 is not None else torch.full((B, H, 1), torch.finfo(dtype).min,
+                                                                  device=q.device, dtype=dtype)
         else:
-            nd, SZ, m = _scaled(qc, kc, vc, scores, upper, F.pad(s, (0, extra), value=torch.finfo(dtype).min)
-                                .view(B, H, N, C), S0, m0)
-        nd = nd.reshape(B, H, N * C, d + 1)[:, :, :L]
+            s = (F.pad(s, (0, extra), value=torch.finfo(dtype).min) if extra else s).reshape(B * H, N, C)
+            nd, SZ, m = _scaled(qc, kc, vc, scores, upper, s, S0, m0)
+            m = m.view(B, H, 1)
+        nd = nd.view(B, H, N * C, d + 1)[:, :, :L]
         out = nd[..., :d] / clamp_normalizer(nd[..., d:], eps)
         out = out.masked_fill((bad.cumsum(-1) > 0).unsqueeze(-1), float("nan")).to(out_dtype)  # after the division: no 0 * nan
     if not output_final_state:
         return out, None
+    SZ = SZ.view(B, H, r, d + 1)
     return out, (SZ[..., :d], SZ[..., d], m)
 
 
-def _unscaled(qc, kc, vc, A, S0):
+_MASKS: dict = {}
+
+
+def _upper(C: int, device) -> torch.Tensor:
+    """(C, C) bool, True above the diagonal (a later key), made once per length and device."""
+    key = (C, str(device))
+    if key not in _MASKS:
+        _MASKS[key] = torch.ones(C, C, dtype=torch.bool, device=device).triu_(1)
+    return _MASKS[key]
+
+
+def _unscaled(qc, kc, vc, A, S0, N):
     """Maps without key scales: the prefix of the chunk states is an exclusive cumulative sum."""
-    U = kc.transpose(-1, -2) @ vc                                           # (B, H, N, r, e)
-    P = torch.cat([torch.zeros_like(U[:, :, :1]), U[:, :, :-1].cumsum(2)], dim=2)
+    U = torch.bmm(kc.transpose(1, 2), vc)                                   # (G N, r, e)
+    G = U.shape[0] // N
+    U = U.view(G, N, *U.shape[1:])
+    P = torch.cat([torch.zeros_like(U[:, :1]), U[:, :-1].cumsum(1)], dim=1)
     if S0 is not None:
-        P = P + S0.unsqueeze(2)
-    nd = A @ vc + qc @ P
-    return nd, P[:, :, -1] + U[:, :, -1]
+        P = P + S0.unsqueeze(1)
+    nd = torch.baddbmm(torch.bmm(qc, P.view(G * N, *P.shape[2:])), A, vc)
+    return nd, P[:, -1] + U[:, -1]
 
 
 def _scaled(qc, kc, vc, scores, upper, s, S0, m0):
-    """Maps with key log-scales s (B, H, N, C): the running-maximum stabilizer in log space."""
+    """Maps with key log-scales s (G, N, C): the running-maximum stabilizer in log space."""
+    G, N, C = s.shape
     with torch.no_grad():
-        M = torch.cummax((s if m0 is None else torch.maximum(s, m0[..., None, None])).flatten(2), dim=-1).values
-        M = M.view_as(s)                                                    # (B, H, N, C)
-        m_end = M[..., -1]                                                  # (B, H, N)
-        first = M[..., :1, 0] if m0 is None else m0[..., None]
-        m_prev = torch.cat([first, m_end[..., :-1]], dim=-1)                # the units chunk n starts in
-        N = m_end.shape[-1]
-        earlier = torch.ones(N, N, dtype=torch.bool, device=s.device).tril_(-1)
-        W = (m_end.unsqueeze(-2) - m_prev.unsqueeze(-1)).masked_fill_(~earlier, float("-inf")).exp_()
-        q_scale = torch.exp(m_prev.unsqueeze(-1) - M).unsqueeze(-1)         # (B, H, N, C, 1)
-        m_final = m_end[..., -1:]                                           # (B, H, 1)
-        end_scale = torch.exp(m_end - m_final)[..., None, None]             # (B, H, N, 1, 1)
-    decay = (s.unsqueeze(-2) - M.unsqueeze(-1)).masked_fill(upper, float("-inf")).exp()  # exp(s_j - M_i), j <= i
-    U = kc.transpose(-1, -2) @ (vc * torch.exp(s - m_end.unsqueeze(-1)).unsqueeze(-1))    # (B, H, N, r, e)
-    B, H, _, r, e = U.shape
-    P = (W @ U.reshape(B, H, N, r * e)).view(B, H, N, r, e)
-    SZ = (U * end_scale).sum(2)
+        M = torch.cummax(s.view(G, N * C) if m0 is None else torch.maximum(s.view(G, N * C), m0[:, None]),
+                         dim=-1).values.view(G, N, C)
+        m_end = M[..., -1]                                                  # (G, N)
+        m_prev = torch.cat([M[:, :1, 0] if m0 is None else m0[:, None], m_end[:, :-1]], dim=-1)  # chunk n's units
+        later = torch.ones(N, N, dtype=torch.bool, device=s.device).triu_()   # p >= n: not an earlier chunk
+        W = (m_end.unsqueeze(1) - m_prev.unsqueeze(2)).masked_fill_(later, float("-inf")).exp_()
+        q_scale = torch.exp(m_prev.unsqueeze(-1) - M).view(G * N, C, 1)
+        m_final = m_end[:, -1:]                                             # (G, 1)
+        end_scale = torch.exp(m_end - m_final)[..., None, None]             # (G, N, 1, 1)
+    decay = (s.unsqueeze(-2) - M.unsqueeze(-1)).view(G * N, C, C).masked_fill(upper, float("-inf")).exp()
+    U = torch.bmm(kc.transpose(1, 2), vc * torch.exp(s - m_end.unsqueeze(-1)).view(G * N, C, 1))  # (G N, r, e)
+    r, e = U.shape[1:]
+    P = torch.bmm(W, U.view(G, N, r * e)).view(G * N, r, e)
+    SZ = (U.view(G, N, r, e) * end_scale).sum(1)
     if S0 is not None:
-        P = P + S0.unsqueeze(2) * torch.exp(m0[..., None] - m_prev)[..., None, None]
-        SZ = SZ + S0 * torch.exp(m0[..., None] - m_final)[..., None]
-    nd = (scores * decay) @ vc + (qc @ P) * q_scale
+        P = P + (S0.unsqueeze(1) * torch.exp(m0[:, None] - m_prev)[..., None, None]).view(G * N, r, e)
+        SZ = SZ + S0 * torch.exp(m0 - m_final[:, 0])[:, None, None]
+    nd = torch.baddbmm(torch.bmm(qc, P).mul_(q_scale), scores * decay, vc)
     return nd, SZ, m_final

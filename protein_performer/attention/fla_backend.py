@@ -132,7 +132,8 @@ def fla_stack_problem(device) -> str | None:
         if major == 9 or "NVIDIA H" in name:
             return (f"fla {FLA_VERSION} refuses the gated backward (FAVOR+ / FAVOR++) with Triton {tv} on a "
                     f"Hopper GPU ({name}, compute capability {major}.{minor}; torch {torch.__version__}): "
-                    f"Triton >= {REFUSED_TRITON[0]} and < {REFUSED_TRITON[1]} computes wrong gradients there (fla #640)")
+                    f"Triton >= {REFUSED_TRITON[0]} and < {REFUSED_TRITON[1]} computes wrong gradients there "
+                    "(fla #640)")
     return None
 
 

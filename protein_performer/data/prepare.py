@@ -35,6 +35,7 @@ import xxhash
 
 from ..errors import UserError
 from ..files import exclusive_lock, file_sha256
+from ..output_guard import OutputGuard
 from ..formats import SHARD_FORMATS, ParseError, TokenizedBlock, accession, check_source, detect_format, format_name
 from ..formats import iter_ranges, iter_text_blocks, tokenize_block
 from ..formats.text import is_gzip, read_range
@@ -197,9 +198,12 @@ def prepare(source: str | Path, *, data_dir: str | Path | None = None, out_dir: 
     if format not in SHARD_FORMATS:  # a table, told by its name
         raise UserError(f"{source}: a {format.upper()} table; preparation reads FASTA or UniProt flat files")
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    guard = OutputGuard("prepare", {"data.path": source})  # the output guard: the cache may hold the source,
+    guard.folder_path("data.data_dir", data_dir)          # not be it or lie inside it
     sha = file_sha256(source, data_dir)
     params = _params(format, valid_fraction, test_fraction, unknown, dedup, block_size, blocks_per_part)
     out = Path(out_dir) if out_dir is not None else prepared_dir_for(source, sha, params, data_dir)
+    guard.folder_path("prepared folder", out, holds=False)
     if (out / MANIFEST).is_file():
         log.info("%s: already prepared in %s", source, out)
         check_splits(source, json.loads((out / MANIFEST).read_text()), need, valid_fraction)

@@ -92,7 +92,8 @@ def check_name(entry, key: str, pt: bool) -> None:
 
 
 def lock_path(output: str | Path) -> Path:
-    """The lock that gives ``output`` one writer at a time (beside it: it outlives the run, harmlessly)."""
+    """The lock that gives ``output`` one writer at a time (beside it; removed when the run that
+    created it ends)."""
     return Path(f"{output}.lock")
 
 
@@ -101,24 +102,20 @@ def journal_path(output: str | Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
-def check_output_paths(output, pt_dir, input, ckpt) -> None:
-    """Before anything is loaded: no output below a regular file, a pt_dir that is a folder,
-    two outputs that are two paths, and no output (or its journal / lock) that is the input or
-    the checkpoint (what an HDF5 output may be: :func:`~protein_performer.embed.h5.check_path`)."""
-    sources = {Path(x).resolve(): what for x, what in ((input, "input"), (ckpt, "ckpt"))
-               if isinstance(x, (str, Path))}
-    for key, path in (("output", output), ("pt_dir", pt_dir)):
-        if path is None:
-            continue
-        path = Path(path)
-        above = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        if above is not None:
-            raise UserError(f"{key} {path}: {above} is a file, not a folder")
-        mine = [path] + ([journal_path(path), lock_path(path)] if key == "output" else [])
-        for p in mine:
-            if p.resolve() in sources:
-                raise UserError(f"{key} {path}: {p} is the {sources[p.resolve()]} itself; choose another {key}")
-    if pt_dir is not None and Path(pt_dir).exists() and not Path(pt_dir).is_dir():
-        raise UserError(f"pt_dir {pt_dir}: exists and is not a directory")
+def check_output_paths(output, pt_dir, input, ckpt, overwrite: bool = False) -> None:
+    """Before anything is loaded, through the output guard (:mod:`protein_performer.output_guard`):
+    two outputs that are two paths, no output below a regular file, a pt_dir that is a folder, no
+    output (or its journal / lock) that is, or lies inside, the input or the checkpoint, and an
+    existing ``output`` only if embed wrote it (:func:`~protein_performer.embed.h5.check_path`:
+    a foreign file is refused, overwrite or not)."""
+    from ..output_guard import OutputGuard
+    from .h5 import check_path
     if output is not None and pt_dir is not None and Path(output).resolve() == Path(pt_dir).resolve():
         raise UserError(f"output {output} and pt_dir {pt_dir} are the same path; give two")
+    guard = OutputGuard("embed", {k: v for k, v in (("input", input), ("ckpt", ckpt)) if isinstance(v, (str, Path))},
+                        overwrite=overwrite)
+    if output is not None:
+        guard.file("output", output, ours=lambda p: check_path(p) is None)
+        guard.folder_path("output (its journal)", journal_path(output), holds=False)
+        guard.overlap("output (its lock)", lock_path(output))
+    guard.folder_path("pt_dir", pt_dir)  # the files in it: its own journal's rules (PtOutput)

@@ -18,7 +18,6 @@ from ..files import exclusive_lock, file_sha256
 from ..hub.load import LoadedModel, load_model, weights_sha256
 from ..formats import detect_format
 from ..sequences import read_sequences, skipped_text
-from . import h5 as h5_format
 from .embedder import Embedder, build_embedder, check_finite, check_finite_weights
 from .h5 import H5Output
 from .identity import check_name, check_output_paths, lock_path, model_config, safe_name
@@ -92,9 +91,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
                               device=device, trainer=trainer)
     if output is None and pt_dir is None:
         raise UserError("nothing to write: give output=OUT.h5 and/or pt_dir=DIR")
-    check_output_paths(output, pt_dir, input, ckpt)
-    if output is not None:
-        h5_format.check_path(Path(output))
+    check_output_paths(output, pt_dir, input, ckpt, overwrite)  # the output guard; a foreign HDF5 file refused
     pl_trainer = None
     if several(settings):
         from .ddp import embed_on_devices, make_trainer
@@ -149,7 +146,7 @@ def _open_outputs(stack: contextlib.ExitStack, output, pt_dir, identity: dict, a
     """Lock and check every output, then open them (the first change on disk)."""
     h5 = pt = None
     if output is not None:
-        stack.enter_context(exclusive_lock(lock_path(output), what=f"output {output}"))
+        stack.enter_context(exclusive_lock(lock_path(output), what=f"output {output}", remove=True))
         h5 = H5Output(output, identity, attrs, overwrite, len(ids))
     if pt_dir is not None:
         stack.enter_context(exclusive_lock(Path(pt_dir) / PtOutput.LOCK, what=f"pt_dir {pt_dir}"))

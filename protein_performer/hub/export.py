@@ -49,19 +49,17 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
     an export this tool wrote (:data:`JOURNAL` lists its files) holding nothing else. One
     export per output at a time (a lock beside it); a rerun after a kill finishes or undoes
     what the killed run left beside the output."""
-    from ..files import refuse_overlap
+    from ..output_guard import OutputGuard
     from ..training.task import load_checkpoint  # reading a Lightning checkpoint needs Lightning; loading does not
 
     out, ckpt_path = Path(output_dir), Path(ckpt_path)
-    refuse_overlap({"output": out}, {"ckpt": ckpt_path, "metrics": metrics})
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output {out}: exists and is not a directory")
+    # the output guard: not an input, inside one or holding one (the folder is replaced whole);
+    # what it holds is replaced only if export wrote it (write_model_dir)
+    OutputGuard("export", {"ckpt": ckpt_path, "metrics": metrics}).folder_path("output", out, holds=False)
     if (ckpt_path / FINETUNE_CONFIG).is_file():  # a finetune output: the encoder and its task head
         if metrics:
             raise UserError(f"metrics={metrics}: a finetune output's card takes the test figures of its own "
                             f"metrics.json; leave metrics unset")
-        if out.resolve().is_relative_to(ckpt_path.resolve()):
-            raise UserError(f"output {out}: is inside the finetune output {ckpt_path}; choose another output")
         net, meta = load_finetuned(ckpt_path)
         test = ckpt_path / "metrics.json"
         card = finetuned_card(config := finetuned_config(net, meta),
@@ -81,8 +79,13 @@ def write_model_dir(out: Path, model: PerformerLM | FineTuneNet, config: dict, c
     non-empty ``out`` replaced only with ``overwrite`` and only when export wrote it; the files go to
     ``.<name>.export.tmp``, are loaded back and checked to give ``model``'s logits, then renamed."""
     from ..files import exclusive_lock
+    out = Path(out)
+    if not out.name or out.name in (".", "..") or Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise UserError(f"output {out}: is the current folder or one above it; "
+                        f"an export is a folder of its own that replaces what is there: give it a new name "
+                        f"(output=my_model)")
     tmp, old = (out.with_name(f".{out.name}.export.{what}") for what in ("tmp", "old"))
-    with exclusive_lock(out.with_name(f".{out.name}.export.lock"), what=f"output {out}"):
+    with exclusive_lock(out.with_name(f".{out.name}.export.lock"), what=f"output {out}", remove=True):
         _recover(out, tmp, old)
         if out.is_dir() and any(out.iterdir()):
             if not overwrite:

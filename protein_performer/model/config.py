@@ -12,6 +12,12 @@ from ..errors import UserError
 from ..tokenizer import VOCABULARIES, Tokenizer
 
 
+#: the longest local window a model may have (model.attention.local_window): a local head's scores take
+#: about 12 x length x min(window, length) bytes per layer, so a window this long is already one
+#: exact attention over 16,384-residue proteins (3 GiB a head); longer windows are refused in one line
+MAX_LOCAL_WINDOW = 16384
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     kernel: str = "softmax"         # softmax (FAVOR+) | favor++ | relu | trig | elu | exact
@@ -21,7 +27,7 @@ class AttentionConfig:
     orthogonal: bool = True         # orthogonal (vs iid) random features
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
     run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
-    backend: str = "auto"           # causal linear attention: auto (fla on CUDA when it imports) | torch | fla
+    backend: str = "auto"           # auto (CUDA: fla for causal when the stack allows, else parallel; CPU: torch) | torch | parallel | fla
     local_heads: int = 0            # the first this many heads: exact softmax in a sliding window (attention/local.py);
                                     # 0 here, so checkpoints saved before the key keep their all-global heads (conf: 1)
     local_window: int = 128         # their window: query i sees keys j with |i - j| < local_window
@@ -74,6 +80,12 @@ class ModelConfig:
         _positive_int("model.attention.nb_features", self.attention.nb_features)
         _positive_int("model.attention.chunk_size", self.attention.chunk_size)
         _positive_int("model.attention.local_window", self.attention.local_window)
+        if self.attention.local_window > MAX_LOCAL_WINDOW:
+            raise UserError(f"model.attention.local_window={self.attention.local_window}: above the maximum "
+                            f"{MAX_LOCAL_WINDOW}; a local head costs about 12 x length x min(window, length) bytes "
+                            f"of scores per layer (a window of {MAX_LOCAL_WINDOW} on a {MAX_LOCAL_WINDOW}-residue "
+                            f"protein: {12 * MAX_LOCAL_WINDOW ** 2 / 2 ** 30:.0f} GiB), and a window longer than "
+                            f"the protein sees no more than the whole protein")
         if isinstance(self.attention.local_heads, bool) or not isinstance(self.attention.local_heads, int) \
                 or not 0 <= self.attention.local_heads < self.heads:
             raise UserError(f"model.attention.local_heads must be an integer in [0, model.heads={self.heads}), "

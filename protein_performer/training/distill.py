@@ -41,6 +41,47 @@ def student_config(source: PerformerLM, attention: dict, causal: bool, where: st
     return config
 
 
+def set_by_overrides(overrides: list[str]) -> list[str]:
+    """The ``model.*`` architecture keys a command line sets (``model.dim=64``, ``+model.depth=4``, and
+    the keys of a ``model/size=35m`` option), in its order; ``model.attention.*`` and ``model.name``
+    are not architecture (an ``init_from`` swap picks the attention)."""
+    keys: list[str] = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key == "model/size" and value not in ("", "null"):
+            from omegaconf import OmegaConf
+
+            from ..resources import conf_dir
+            size = conf_dir() / "model" / "size" / f"{value}.yaml"
+            found = [str(k) for k in OmegaConf.load(size).keys()] if size.is_file() else []
+        elif key.startswith("model.") and not key.startswith(("model.attention.", "model.name")):
+            found = [key.removeprefix("model.")]
+        else:
+            found = []
+        keys += [k for k in found if k not in keys]
+    return keys
+
+
+def check_architecture(source: PerformerLM, model_cfg: dict, overrides: list[str], where: str) -> None:
+    """``init_from`` takes the architecture of its model: a command line that also sets an
+    architecture key to another value (``model.dim=64`` on a dim-32 checkpoint) is one line naming
+    every conflicting key, where it would otherwise be dropped silently."""
+    have = source.config.to_dict()
+    aliases = {"max_len": "max_positions"}
+    conflicts = []
+    for key in set_by_overrides(overrides):
+        name = aliases.get(key, key)
+        if name in have and name != "attention" and key in model_cfg and model_cfg[key] != have[name]:
+            conflicts.append((key, model_cfg[key], have[name]))
+    if conflicts:
+        asked = ", ".join(f"model.{k}={v}" for k, v, _ in conflicts)
+        its = ", ".join(f"model.{k}={h}" for k, _, h in conflicts)
+        raise UserError(f"{where}: its model has {its}, but the command line sets {asked}; init_from takes the "
+                        f"architecture of its model (model.attention.* picks the attention): drop "
+                        f"{'these overrides' if len(conflicts) > 1 else 'this override'}, or train from scratch "
+                        f"without init_from")
+
+
 def load_start(model: PerformerLM, source: PerformerLM, where: str) -> None:
     """Copy every weight of ``source`` into ``model`` except those of the attention kernel; any other
     difference (a missing or extra tensor, another shape) is a one-line error naming ``where``."""

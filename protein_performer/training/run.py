@@ -26,6 +26,7 @@ from pytorch_lightning.utilities import rank_zero_only
 
 from ..allocator import keep_freed_memory
 from ..attention.feature_maps import REGISTRY
+from ..attention.fla_backend import GATED_KERNELS, check_backend, training_device
 from ..errors import UserError, first_line
 from ..files import atomic_path
 from ..model import ModelConfig
@@ -33,9 +34,10 @@ from ..model import PerformerLM
 from ..objectives import check_objective
 from ..tokenizer import Tokenizer
 from .quiet import quiet_libraries
-from .run_folder import check_own_files, check_run_folder, journal, replacing_run
+from .run_folder import check_own_files, check_run_folder, guard_run_folder, journal, replacing_run, run_inputs
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
-from .distill import Distiller, data_to_model_ids, load_start, remap_frequencies, student_config
+from .distill import (Distiller, check_architecture, data_to_model_ids, load_start, remap_frequencies,
+                      student_config)
 from .task import ProteinLM, load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,15 @@ def check_resumed_model(path: str, hparams: dict, task: ProteinLM) -> None:
                             f"model.{key}={new[key]!r}; resume with the checkpoint's settings (model.{key}={old.get(key)!r})")
 
 
+def check_resumed_objective(path: str, hparams: dict, objective: str) -> None:
+    """A resume continues the checkpoint's objective: ``objective=clm ckpt_path=<an mlm checkpoint>``
+    is one line naming both, before anything is written."""
+    theirs = hparams.get("objective")
+    if isinstance(theirs, str) and theirs != objective:
+        raise UserError(f"ckpt_path={path}: a checkpoint of objective={theirs}, but this run's objective is "
+                        f"{objective}; resume with objective={theirs} (a {objective} model is another run)")
+
+
 MALLOC_CHOICES = ("keep", "system")  # the malloc key: protein_performer.allocator
 
 
@@ -127,10 +138,18 @@ def check_settings(cfg: DictConfig) -> None:
     """The model, objective and optimiser settings, before the input is read or a file written."""
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     ModelConfig.from_dict(model_cfg, causal=cfg.objective.name == "clm")
-    refusal = REGISTRY[(model_cfg.get("attention") or {}).get("kernel", "softmax")].training_refusal
+    attention = model_cfg.get("attention") or {}
+    kernel = attention.get("kernel", "softmax")
+    refusal = REGISTRY[kernel].training_refusal
     if refusal:
         raise UserError(refusal)
+    if kernel != "exact":  # backend=fla where it cannot run: one line now, not a crash in the first backward
+        check_backend(attention.get("backend", "auto"), training_device((cfg.get("trainer") or {}).get("accelerator")),
+                      causal=cfg.objective.name == "clm", gated=kernel in GATED_KERNELS)
     check_objective(cfg.objective.name)
+    if cfg.get("init_from") and cfg.get("ckpt_path"):
+        raise UserError(f"init_from={cfg.init_from} with ckpt_path={cfg.ckpt_path}: a resume continues its checkpoint "
+                        f"(weights, optimiser, step); init_from starts a new run from other weights: give one of them")
     o = cfg.optim
     if not (isinstance(o.lr, (int, float)) and o.lr > 0):
         raise UserError(f"optim.lr must be a positive number, got {o.lr!r}")
@@ -202,10 +221,12 @@ def choose_best(trainer: pl.Trainer, callback: ModelCheckpoint, val_loss: float 
     return best, best != old
 
 
-def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model) -> tuple[dict, ProteinLM]:
+def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model,
+          overrides: list[str] | None = None) -> tuple[dict, ProteinLM]:
     """Train per ``cfg``; checkpoints in ``run_dir/checkpoints``. Returns the final
     validation metrics and the trained module. ``open_model``: path -> PerformerLM, for
-    ``init_from`` and ``distill.teacher``."""
+    ``init_from`` and ``distill.teacher``. ``overrides``: the command line's (Hydra's task
+    overrides): architecture keys it sets must agree with ``init_from``'s model."""
     quiet_libraries()
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -214,10 +235,16 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     zero = rank_zero_only.rank == 0
     check_settings(cfg)
     resumed = check_checkpoint(ckpt_path) if ckpt_path else None
+    if resumed is not None:
+        check_resumed_objective(ckpt_path, resumed, cfg.objective.name)
     start, distiller = open_start(cfg, open_model)
+    if start is not None:
+        check_architecture(start, OmegaConf.to_container(cfg.model, resolve=True), list(overrides or []),
+                           f"init_from={cfg.init_from}")
     if zero:  # DDP re-launches this for the other ranks once rank zero trains (and set old checkpoints aside)
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
         check_own_files(run_dir, ("config.yaml",))
+        guard_run_folder(run_dir, run_inputs(cfg), overwrite)  # the output guard (compare calls train directly)
     datamodule = hydra.utils.instantiate(cfg.data)  # checks the data settings
     print(OmegaConf.to_yaml(cfg, resolve=True))
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed

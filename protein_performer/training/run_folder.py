@@ -13,6 +13,12 @@ that journal, never by name:
   those paths again, so a typo leaves no folder and the user's files stay as they were;
 - ``overwrite=true`` moves the old checkpoints and config aside only when training starts and
   deletes them once it succeeded (:func:`replacing_run`): a run that fails puts them back;
+- Hydra's ``.hydra/`` of an earlier run stays as it is until the new run succeeded: Hydra writes
+  the new one into ``.hydra.pending/`` (:data:`PENDING_HYDRA`), moved over it at the end
+  (:meth:`RunFolder.running`), so a failed run never describes itself as the folder's run;
+- the output guard (:func:`guard_run_folder`): no file the run writes is one of its inputs
+  (data, ``init_from``, the teacher, ``ckpt_path``), and ``overwrite=true`` replaces no
+  ``checkpoints/`` that holds one;
 - an old best checkpoint is deleted only if this folder's journal recorded it (a resume
   from another folder never deletes that folder's files).
 """
@@ -24,9 +30,11 @@ from pathlib import Path
 
 from ..errors import UserError, user_error
 from ..files import WrittenFiles
+from ..output_guard import OutputGuard
 
 JOURNAL = ".protein-performer.json"
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+PENDING_HYDRA = ".hydra.pending"  # where Hydra writes while an earlier run's .hydra/ stays in place
 REPLACED = ".replaced"  # <run>/.replaced/: the old run's checkpoints and config while overwrite=true trains
 
 
@@ -79,11 +87,65 @@ def check_folder_path(path: str | Path, key: str) -> None:
             return
 
 
-class RunFolder:
-    """What this invocation is about to create in a run folder (see :func:`open_run_folder`)."""
+def run_inputs(cfg) -> dict:
+    """The files a training run reads (for the output guard): ``{key: path or None}``."""
+    data, distill = cfg.get("data") or {}, cfg.get("distill") or {}
+    return {"data.path": data.get("path"), "ckpt_path": cfg.get("ckpt_path"), "init_from": cfg.get("init_from"),
+            "distill.teacher": distill.get("teacher")}
 
-    def __init__(self, run_dir: Path, created: list[Path]):
-        self.dir, self.created = run_dir, created
+
+def guard_run_folder(run_dir: str | Path, inputs: dict, overwrite: bool, job_name: str = "train") -> None:
+    """The output guard for a run folder: it may hold inputs (a resume's own ``last.ckpt``), but
+    no file the run writes is, or lies inside, an input, and with ``overwrite`` the
+    ``checkpoints/`` it replaces holds none."""
+    run_dir = Path(run_dir)
+    guard = OutputGuard("train", inputs, overwrite=overwrite)
+    guard.folder_path("hydra.run.dir", run_dir)
+    for name in (*HYDRA_FILES, PENDING_HYDRA, f"{job_name}.log", "config.yaml", JOURNAL, REPLACED):
+        guard.overlap(f"hydra.run.dir/{name}", run_dir / name)
+    guard.overlap("hydra.run.dir/checkpoints", run_dir / "checkpoints", holds=not overwrite)
+
+
+class RunFolder:
+    """What this invocation is about to create in a run folder (see :func:`open_run_folder`);
+    ``hydra_dir``: where Hydra writes its files (``.hydra``, or :data:`PENDING_HYDRA` while an
+    earlier run's ``.hydra/`` stays until this run succeeds)."""
+
+    def __init__(self, run_dir: Path, created: list[Path], hydra_dir: str = ".hydra"):
+        self.dir, self.created, self.hydra_dir = run_dir, created, hydra_dir
+
+    @contextlib.contextmanager
+    def running(self):
+        """The run: on a user error, :meth:`discard_on_user_error`; on any failure, Hydra's new
+        files (written beside the old run's) go; on success they replace the old run's."""
+        try:
+            with self.discard_on_user_error():
+                yield
+        except BaseException:
+            if self.hydra_dir != ".hydra":
+                self._drop_pending()
+            raise
+        if self.hydra_dir != ".hydra":
+            self._promote_pending()
+
+    def _pending_files(self) -> list[tuple[Path, Path]]:
+        return [(self.dir / PENDING_HYDRA / Path(n).name, self.dir / n) for n in HYDRA_FILES]
+
+    def _drop_pending(self) -> None:
+        written = journal(self.dir)
+        for new, _ in self._pending_files():
+            if new in written:
+                new.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (self.dir / PENDING_HYDRA).rmdir()
+
+    def _promote_pending(self) -> None:
+        for new, old in self._pending_files():
+            if new.is_file():
+                old.parent.mkdir(exist_ok=True)
+                os.replace(new, old)  # each file whole: the old run's, or this run's
+        with contextlib.suppress(OSError):
+            (self.dir / PENDING_HYDRA).rmdir()
 
     @contextlib.contextmanager
     def discard_on_user_error(self):
@@ -109,21 +171,28 @@ class RunFolder:
                 written.journal.unlink()
 
 
-def open_run_folder(run_dir: str | Path, job_name: str, ckpt_path: str | None, overwrite: bool) -> RunFolder:
-    """Check a training run folder before Hydra writes into it; record (in its journal) the
-    files Hydra and the run will write, and return what this invocation creates."""
+def open_run_folder(run_dir: str | Path, job_name: str, ckpt_path: str | None, overwrite: bool,
+                    inputs: dict | None = None) -> RunFolder:
+    """Check a training run folder before Hydra writes into it (``inputs``: what the run reads,
+    for the output guard); record (in its journal) the files Hydra and the run will write, and
+    return what this invocation creates. Where an earlier run's ``.hydra/`` is, Hydra writes to
+    :data:`PENDING_HYDRA` (``hydra.output_subdir``: the caller passes it on)."""
     run_dir = Path(run_dir).absolute()
     check_folder_path(run_dir, "hydra.run.dir")
     names = (*HYDRA_FILES, f"{job_name}.log", "config.yaml")
     check_run_folder(run_dir / "checkpoints", ckpt_path, overwrite)
     check_own_files(run_dir, names)
+    if inputs is not None:
+        guard_run_folder(run_dir, inputs, overwrite, job_name)
+    hydra_dir = PENDING_HYDRA if any((run_dir / n).is_file() for n in HYDRA_FILES) else ".hydra"
+    pending = tuple(f"{PENDING_HYDRA}/{Path(n).name}" for n in HYDRA_FILES) if hydra_dir != ".hydra" else ()
     missing_dirs = [d for d in (run_dir, *run_dir.parents) if not d.exists()][::-1]
-    created = missing_dirs + [p for p in (run_dir / ".hydra", run_dir / "checkpoints", run_dir / JOURNAL,
-                                          *(run_dir / n for n in names)) if not p.exists()]
+    created = missing_dirs + [p for p in (run_dir / ".hydra", run_dir / PENDING_HYDRA, run_dir / "checkpoints",
+                                          run_dir / JOURNAL, *(run_dir / n for n in (*names, *pending)))
+                              if not p.exists() and (p.name != PENDING_HYDRA or pending)]
     written = journal(run_dir)
-    for n in names:  # recorded before they are written
-        written.record(run_dir / n)
-    return RunFolder(run_dir, created)
+    written.record(*(run_dir / n for n in (*names, *pending)))  # recorded before they are written
+    return RunFolder(run_dir, created, hydra_dir)
 
 
 @contextlib.contextmanager
