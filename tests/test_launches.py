@@ -1,0 +1,21 @@
+"""benchmarks/launches.py's proxy for GPU launches: the per-layer op count of the model's parallel path
+(what CUDA runs where fla does not) does not grow with the length; the CPU path's does (its loop)."""
+from benchmarks.launches import KERNELS, count_aten_ops, layer_ops
+
+DEFAULT = KERNELS["default (FAVOR+ r = 64 + local head)"]
+
+
+def test_counting_sees_every_op_of_a_known_call():
+    import torch
+    x = torch.ones(3)
+    n_all, n_kernels = count_aten_ops(lambda: (x + 1).view(3, 1).mul(2))   # add, view, mul
+    assert (n_all, n_kernels) == (3, 2)
+
+
+def test_the_parallel_causal_layer_costs_the_same_ops_at_every_length():
+    counts = {L: layer_ops(DEFAULT, True, L, "parallel") for L in (256, 2048)}
+    assert counts[256] == counts[2048], counts
+    seq = {L: layer_ops(DEFAULT, True, L, "torch")[0] for L in (256, 2048)}
+    assert seq[2048] > 2 * seq[256], seq                      # the CPU path: a few ops per chunk
+    bidir = {L: layer_ops(DEFAULT, False, L, "parallel") for L in (256, 2048)}
+    assert bidir[256] == bidir[2048], bidir
