@@ -9,6 +9,7 @@ from protein_performer.attention import (KERNELS, Attention, CausalLinearAttenti
                                          bidirectional_linear_attention, build_feature_map, chunk_linear_attention,
                                          init_linear_state, kernel_attention, linear_attention,
                                          recurrent_linear_attention, softmax_attention_sdpa)
+from protein_performer.attention.chunk_parallel import chunk_parallel_linear_attention
 from protein_performer.attention.naive import (naive_linear_attention, naive_recurrent_linear_attention,
                                                softmax_attention)
 
@@ -231,10 +232,12 @@ def _qkvs(B, H, L, r=5, d=3, seed=40, scale=True):
     return q, k, v, s
 
 
+@pytest.mark.parametrize("path", [chunk_linear_attention, chunk_parallel_linear_attention])
 @pytest.mark.parametrize("scale", [False, True])
-def test_chunked_from_initial_state_equals_running_the_concatenation(scale):
+def test_chunked_from_initial_state_equals_running_the_concatenation(scale, path):
     """Outputs and every gradient (q, k, v, log-scales) of two pieces, the second started from the
-    first's final state, equal one call on the whole sequence; the final states agree too."""
+    first's final state, equal one call on the whole sequence; the final states agree too, and
+    (the parallel path) equal the sequential path's."""
     L, C = 29, 4
     q0, k0, v0, s0 = _qkvs(2, 2, L, scale=scale)
     w = _normal(2, 2, L, 3, seed=50)
@@ -245,9 +248,9 @@ def test_chunked_from_initial_state_equals_running_the_concatenation(scale):
             s = None if s0 is None else s0.clone().requires_grad_()
             outs, state = [], None
             for a, b in pieces:
-                o, state = chunk_linear_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], chunk_size=C,
-                                                  k_log_scale=None if s is None else s[:, :, a:b],
-                                                  initial_state=state, output_final_state=True)
+                o, state = path(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], chunk_size=C,
+                                k_log_scale=None if s is None else s[:, :, a:b],
+                                initial_state=state, output_final_state=True)
                 outs.append(o)
             out = torch.cat(outs, dim=2)
             (out * w).sum().backward()
@@ -256,8 +259,10 @@ def test_chunked_from_initial_state_equals_running_the_concatenation(scale):
         torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(o1, naive_linear_attention(q0, k0 if s0 is None else k0 * s0.exp(), v0, causal=True),
                                    rtol=1e-10, atol=1e-12)
-        for a, b in zip(st1, st2):
+        _, seq = chunk_linear_attention(q0, k0, v0, k_log_scale=s0, chunk_size=C, output_final_state=True)
+        for a, b, c in zip(st1, st2, seq):
             torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(a.detach(), c, rtol=1e-10, atol=1e-12)
         for a, b in zip(g1, g2):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 

@@ -2,11 +2,10 @@
 the sequential chunked path's states, and its own promise: a number of ops that does not grow with L."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.launches import count_aten_ops
 from protein_performer.attention import chunk_parallel
 from protein_performer.attention.chunk_parallel import chunk_parallel_linear_attention, parallel_chunk_length
-from protein_performer.attention.linear import chunk_linear_attention
 from protein_performer.attention.naive import naive_linear_attention
 
 
@@ -56,39 +55,6 @@ def test_gradients_equal_the_references_and_pass_gradcheck():
     assert torch.autograd.gradcheck(lambda *x: chunk_parallel_linear_attention(*x, chunk_size=3)[0], (q, k, v))
 
 
-@pytest.mark.parametrize("scaled", [False, True])
-def test_states_continue_like_the_sequential_path(scaled):
-    """Two pieces, the second from the first's final state, equal one call (outputs, gradients, states),
-    and the final state equals linear.py's chunk_linear_attention's."""
-    L, C = 29, 4
-    q0, k0, v0, s0 = _qkvs(2, 2, L, seed=5)
-    s0 = s0 if scaled else None
-    w = torch.randn(2, 2, L, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    for cut in (1, 8, 11, 28):
-        runs = []
-        for pieces in ([(0, L)], [(0, cut), (cut, L)]):
-            q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
-            s = None if s0 is None else s0.clone().requires_grad_()
-            outs, state = [], None
-            for a, b in pieces:
-                o, state = chunk_parallel_linear_attention(
-                    q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], chunk_size=C, initial_state=state,
-                    k_log_scale=None if s is None else s[:, :, a:b], output_final_state=True)
-                outs.append(o)
-            out = torch.cat(outs, 2)
-            (out * w).sum().backward()
-            runs.append((out, state, [t.grad for t in (q, k, v, s) if t is not None]))
-        (o1, st1, g1), (o2, st2, g2) = runs
-        torch.testing.assert_close(o1, _reference(q0, k0, v0, s0), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-12)
-        for a, b in zip(g1, g2):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
-        _, seq = chunk_linear_attention(q0, k0, v0, k_log_scale=s0, chunk_size=C, output_final_state=True)
-        for a, b, c in zip(st1, st2, seq):
-            torch.testing.assert_close(a.detach(), c, rtol=1e-10, atol=1e-12)
-            torch.testing.assert_close(b.detach(), c, rtol=1e-10, atol=1e-12)
-
-
 def test_float32_over_a_wide_range_of_key_scales_is_finite_and_causal():
     """Log-scales spanning 600 nats (a single reference scale would underflow float32 by far): the
     float32 output matches float64, and a huge later key changes no earlier output."""
@@ -133,16 +99,6 @@ def test_long_sequences_double_the_chunk_and_still_match(monkeypatch):
     torch.testing.assert_close(out, _reference(q, k, v, s), rtol=1e-10, atol=1e-12)
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("scaled", [False, True])
 def test_the_number_of_ops_does_not_grow_with_the_length(scaled):
     """Forward + backward dispatches the same aten ops at L = 128 and L = 4,096 (the sequential path:
@@ -155,9 +111,7 @@ def test_the_number_of_ops_does_not_grow_with_the_length(scaled):
             out, _ = chunk_parallel_linear_attention(q, k, v, k_log_scale=s if scaled else None, chunk_size=32)
             out.sum().backward()
         call()                                                   # the chunk's mask is made once per length
-        with _CountOps() as c:
-            call()
-        counts.append(c.n)
+        counts.append(count_aten_ops(call))
     assert counts[0] == counts[1], counts
 
 
