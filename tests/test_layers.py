@@ -6,7 +6,7 @@ import ast
 from conftest import ROOT
 
 LAYERS = [  # lowest first
-    ("core", {"errors", "tokenizer", "formats", "attention", "model", "objectives", "device", "sequences", "resources", "files", "allocator"}),
+    ("core", {"errors", "tokenizer", "formats", "attention", "model", "objectives", "device", "sequences", "resources", "files", "output_guard", "allocator"}),
     ("data", {"data"}),
     ("training", {"training"}),
     ("hub", {"hub"}),
