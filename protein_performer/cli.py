@@ -13,6 +13,7 @@ flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -106,6 +107,8 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
                                          bool(cfg.get("overwrite")), inputs=run_inputs(cfg))
                 if folder.hydra_dir != ".hydra" and not any(a.startswith("hydra.output_subdir=") for a in args):
                     sys.argv.append(f"hydra.output_subdir={folder.hydra_dir}")  # the old .hydra/ until success
+            elif not spec.run_folder and os.path.abspath(run_dir) != os.getcwd():
+                folder = HydraFolder(run_dir, str(cfg.hydra.job.name))  # compare's: Hydra's files go on an error
         except USER_ERRORS as e:
             fail(one_line(e))
 
@@ -118,6 +121,38 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
             return getattr(importlib.import_module(module), function)(cfg)
 
     job()
+
+
+class HydraFolder:
+    """The folder Hydra creates for a command that is not a training run (compare's ``outputs/compare``):
+    after a user error, what this invocation created there (the folders, ``.hydra/``, ``<job>.log``)
+    is removed when the folder holds nothing else; a folder holding more keeps everything."""
+
+    def __init__(self, run_dir: str, job_name: str):
+        from pathlib import Path
+        d = Path(run_dir).absolute()
+        self.dir = d
+        files = [d / ".hydra", *(d / ".hydra" / f"{n}.yaml" for n in ("config", "hydra", "overrides")),
+                 d / f"{job_name}.log"]
+        self.created = [p for p in [*[p for p in (d, *d.parents) if not p.exists()][::-1], *files] if not p.exists()]
+
+    @contextlib.contextmanager
+    def running(self):
+        from .errors import user_error
+        try:
+            yield
+        except Exception as e:
+            if user_error(e) is not None and self.dir in self.created:
+                self.discard()
+            raise
+
+    def discard(self) -> None:
+        mine = set(self.created)
+        if any(p not in mine for p in self.dir.rglob("*")):
+            return  # the command wrote more: keep it all
+        for p in reversed(self.created):
+            with contextlib.suppress(OSError):
+                p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def compose(config: str, args: list[str]):
@@ -137,21 +172,16 @@ def compose(config: str, args: list[str]):
 
 def hydra_message(e: BaseException, config: str, args: list[str]) -> str:
     """One line for what Hydra raised while composing: the override, what is wrong, what would work."""
-    from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
-        group, _, name = e.missing_cfg_file.rpartition("/")
-        return f"{group}={name}: no such option; choose one of {', '.join(e.options)}"
-    if isinstance(e, OverrideParseException):
-        return f"{e.override}: not a valid override ({e.message.splitlines()[0]})"
+    from .errors import composition_message
+
     if isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)) and getattr(e.__cause__, "full_key", None):
         key = e.__cause__.full_key
         arg = next((a for a in args if a.split("=", 1)[0] == key), key)
         hint = did_you_mean(key, config, [a for a in args if a != arg])
         return f"{arg}: no key {key} in the {config} config{hint} (add a new key with +{arg})"
-    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-    return text.split("; Config search path:")[0] or type(e).__name__
+    return composition_message(e)
 
 
 def did_you_mean(key: str, config: str, args: list[str]) -> str:

@@ -42,7 +42,8 @@ def user_error(e: BaseException) -> BaseException | None:
 def library_error(e: BaseException) -> UserError | None:
     """What Lightning or Hydra raised about a setting, as one line naming the key: Lightning's
     ``MisconfigurationException`` (``trainer.max_steps=-5``, ``trainer=gpu`` without a GPU), and a
-    ``_target_``'s constructor refusing an argument (``+trainer.max_step=3``). Matched by class name:
+    ``_target_``'s constructor refusing an argument (``+trainer.max_step=3``), and Hydra's composition
+    errors in a config a command composes itself (compare's ``models=[nope]``). Matched by class name:
     this module imports neither library. Anything else is None (a bug: its traceback stays)."""
     key = target = None
     while e is not None:
@@ -55,6 +56,8 @@ def library_error(e: BaseException) -> UserError | None:
             target = found.group(1) if found else target
         elif "MisconfigurationException" in names:
             return UserError(f"{key or 'trainer'}: {text}")
+        elif names & {"MissingConfigException", "ConfigCompositionException", "OverrideParseException"}:
+            return UserError(composition_message(e))  # a config a command composes (compare's models=[...])
         elif target is not None and isinstance(e, TypeError):
             arg = re.search(r"unexpected keyword argument '([^']+)'", text)
             if arg:
@@ -64,6 +67,20 @@ def library_error(e: BaseException) -> UserError | None:
                 return UserError(f"{key or target}: {text}")
         e = e.__cause__
     return None
+
+
+def composition_message(e: BaseException) -> str:
+    """One line for Hydra's composition errors: the option that does not exist (with the choices), the
+    override that does not parse, or Hydra's own text without its search path. Read by attribute:
+    this module does not import Hydra."""
+    options, missing = getattr(e, "options", None), getattr(e, "missing_cfg_file", None)
+    if options and missing:
+        group, _, name = missing.rpartition("/")
+        return f"{group}={name}: no such option; choose one of {', '.join(options)}"
+    if getattr(e, "override", None) is not None and getattr(e, "message", None):
+        return f"{e.override}: not a valid override ({e.message.splitlines()[0]})"
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return text.split("; Config search path:")[0] or type(e).__name__
 
 
 def _close_argument(target: str, name: str) -> str:

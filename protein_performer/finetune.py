@@ -134,8 +134,8 @@ def read_examples(path: str | Path, task: str, sequences: str | Path | None = No
     if not ex.ids:
         raise UserError(f"labels {path}: no labeled rows")
     if any(repeats.values()):
-        log.warning("%s: %d rows repeat a protein listed before with the same label%s; every row is kept", path,
-                    repeats["same"], f", {repeats['other']} with another value (replicates)" if repeats["other"] else "")
+        log.warning("%s: %d rows repeat a protein listed before (%d with another value: replicates); every row is "
+                    "kept", path, repeats["same"] + repeats["other"], repeats["other"])
     if any(s is None for s in ex.split) and not all(s is None for s in ex.split):
         n = next(i for i, s in enumerate(ex.split) if s is None)
         raise UserError(f"labels {path}: protein {ex.ids[n]!r} has no split while others have one")
