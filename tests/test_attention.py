@@ -360,11 +360,13 @@ def test_module_steps_several_tokens_at_once(kernel):
 
 
 # --------------------------------------------------------------------------- fused FAVOR (fused_favor.py)
+@pytest.mark.parametrize("backend", ["torch", "parallel"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kernel", ["softmax", "favor++"])
-def test_fused_favor_matches_naive(kernel, causal, monkeypatch):
+def test_fused_favor_matches_naive(kernel, causal, backend, monkeypatch):
     """The fused paths (fused_favor.py: features formed block by block; bidirectional: recomputed in
-    the backward; causal: their gradients folded into the chunked backward) against the quadratic
+    the backward; causal: their gradients folded into the chunked backward; backend=parallel: the
+    whole sequence in one block, WholeFavorAttention, or chunk_parallel.py) against the quadratic
     formula on the raw, unstabilized features: outputs and gradients, with padding, keys whose norms
     differ by orders of magnitude (the running maximum grows from block to block), 16-row blocks
     (so 5 blocks per row and a short last one) and, causal, 16-position chunks."""
@@ -381,7 +383,7 @@ def test_fused_favor_matches_naive(kernel, causal, monkeypatch):
     v = _normal(2, H, L, 5, seed=42).requires_grad_()
     mask = torch.zeros(2, L, dtype=torch.bool)
     mask[1, 50:] = True
-    out = kernel_attention(fm, q, k, v, causal=causal, key_padding_mask=mask, chunk_size=64)
+    out = kernel_attention(fm, q, k, v, causal=causal, key_padding_mask=mask, chunk_size=64, backend=backend)
     ref = naive_linear_attention(fm(q, True, stabilize=False), fm(k, False, stabilize=False), v, causal=causal,
                                  key_padding_mask=mask)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-12)
@@ -404,21 +406,24 @@ def test_causal_chunk_shrinks_to_fit_its_tiles():
     assert chunk_length(32, 256, 64) == 64 and chunk_length(33, 256, 64) == 32
 
 
+@pytest.mark.parametrize("backend", ["torch", "parallel"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_favor_gradcheck(causal, monkeypatch):
+def test_fused_favor_gradcheck(causal, backend, monkeypatch):
     from protein_performer.attention import fused_favor
     monkeypatch.setattr(fused_favor, "BLOCK_BYTES", 1)
     fm = FavorPlus(4, 8, generator=torch.Generator().manual_seed(6)).double()
     q, k, v = (_normal(1, 2, 21, w, seed=44 + i).requires_grad_() for i, w in enumerate((4, 4, 3)))
-    assert torch.autograd.gradcheck(lambda q, k, v: kernel_attention(fm, q, k, v, causal, chunk_size=8), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: kernel_attention(fm, q, k, v, causal, chunk_size=8, backend=backend),
+                                    (q, k, v))
 
 
+@pytest.mark.parametrize("backend", ["torch", "parallel"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_favor_float32_matches_float64(causal):
-    """float32 inputs (the training dtype) against the float64 fused path at realistic norms."""
+def test_fused_favor_float32_matches_float64(causal, backend):
+    """float32 inputs (the training dtype), on either path, against the float64 CPU path at realistic norms."""
     fm = FavorPlus(32, 256, generator=torch.Generator().manual_seed(7))
     q, k, v = _normal(2, 4, 600, 32, seed=47), _normal(2, 4, 600, 32, seed=48), _normal(2, 4, 600, 32, seed=49)
     ref = kernel_attention(fm.double(), q, k, v, causal)
-    out = kernel_attention(fm.float(), q.float(), k.float(), v.float(), causal)
+    out = kernel_attention(fm.float(), q.float(), k.float(), v.float(), causal, backend=backend)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)

@@ -64,13 +64,13 @@ def _blocks(L: int, T: int):
 class FusedFavorAttention(torch.autograd.Function):
     """out = q' [S | Z] of raw queries and keys xq, xk (G, L, d) and values v (G, L, e); the exponent's
     parts w (r, d) or (G, r, d), b None, (r,) or (G, 1, r), c a float; valid (G, L) bool (False:
-    a padded key) or None; eps the normalizer's clamp; one_block: the whole sequence as one block (a
-    GPU: no loop, a fixed number of ops) instead of blocks of :data:`BLOCK_BYTES`.  Gradients for xq, xk and v."""
+    a padded key) or None; eps the normalizer's clamp.  Blocks of :data:`BLOCK_BYTES` (the CPU's cache);
+    :class:`WholeFavorAttention` is the one-block version.  Gradients for xq, xk and v."""
 
     @staticmethod
-    def forward(ctx, xq, xk, v, w, b, c, valid, eps, one_block=False):
+    def forward(ctx, xq, xk, v, w, b, c, valid, eps):
         G, L, _ = xq.shape
-        T = max(L, 1) if one_block else max(16, BLOCK_BYTES // (xq.element_size() * G * w.shape[-2]))
+        T = max(16, BLOCK_BYTES // (xq.element_size() * G * w.shape[-2]))
         wq, wk = augmented_weight(w, b, 0.0), augmented_weight(w, b, c)
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)
         lowest = torch.finfo(xq.dtype).min
@@ -131,7 +131,60 @@ class FusedFavorAttention(torch.autograd.Function):
                 dx.addcmul_(du.sum(-1, keepdim=True), x, value=-2 * c)
             dxk[:, a:z] = dx
             torch.mul(torch.bmm(f, dSZ[..., :-1]), scale, out=dv[:, a:z])
-        return dxq, dxk, dv, None, None, None, None, None, None
+        return dxq, dxk, dv, None, None, None, None, None
+
+
+class WholeFavorAttention(torch.autograd.Function):
+    """:class:`FusedFavorAttention` with the whole sequence as one block (a GPU: a fixed, small number of
+    ops, no loop and no CPU cache budget); the same arguments but ``one_block``.  The keys' features are
+    exp(u - M) with M the maximum of u over the whole (L, r) slab: the same numbers as the blockwise
+    path's exp(u - m_j) exp(m_j - M), in one exponential.  The backward recomputes the features from
+    the d-wide inputs (O(L d) kept per head, as there)."""
+
+    @staticmethod
+    def forward(ctx, xq, xk, v, w, b, c, valid, eps):
+        wq, wk = augmented_weight(w, b, 0.0), augmented_weight(w, b, c)
+        v1 = with_ones(v)
+        if valid is not None:  # a padded key counts nowhere, whatever its values
+            xk = xk.masked_fill(~valid.unsqueeze(-1), 0.0)
+            v1 = v1.masked_fill(~valid.unsqueeze(-1), 0.0)
+        u = WholeFavorAttention._key_exponent(xk, wk, b, c, valid)
+        M = u.amax((-2, -1), keepdim=True)
+        SZ = torch.bmm(u.sub_(M).exp_().transpose(1, 2), v1)
+        nd = torch.bmm(torch.softmax(torch.matmul(augment(xq, b, 0.0), wq), -1), SZ)
+        den = nd[..., -1:]
+        den_c = den.clamp_min(eps)
+        out = nd[..., :-1] / den_c
+        ctx.save_for_backward(xq, xk, v1, w, b, wq, wk, SZ, M, out, den_c, den_c > den, valid)
+        ctx.c = c
+        return out
+
+    @staticmethod
+    def _key_exponent(xk, wk, b, c, valid):
+        u = torch.matmul(augment(xk, b, c), wk)
+        return u if valid is None else u.masked_fill_(~valid.unsqueeze(-1), torch.finfo(u.dtype).min)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        xq, xk, v1, w, b, wq, wk, SZ, M, out, den_c, clamped, valid = ctx.saved_tensors
+        c = ctx.c
+        with torch.autocast(xq.device.type, enabled=False):  # backward may run inside an autocast region
+            g = g.to(xq.dtype)
+            g_den = (g * out).sum(-1, keepdim=True).neg_().masked_fill_(clamped, 0.0)
+            g1 = torch.cat([g, g_den], -1).div_(den_c)           # dL/d[num | den]
+            qf = torch.softmax(torch.matmul(augment(xq, b, 0.0), wq), -1)
+            dSZ = torch.bmm(qf.transpose(1, 2), g1)
+            dxq = torch.matmul(torch.bmm(g1, SZ.transpose(1, 2)).mul_(qf), w)
+            f = WholeFavorAttention._key_exponent(xk, wk, b, c, valid).sub_(M).exp_()
+            du = torch.bmm(v1, dSZ.transpose(1, 2)).mul_(f)
+            dxk = torch.matmul(du, w)
+            if c:
+                dxk.addcmul_(du.sum(-1, keepdim=True), xk, value=-2 * c)
+            dv = torch.bmm(f, dSZ[..., :-1])
+            if valid is not None:  # 0 for padded keys, even in a row of padding only
+                dv.masked_fill_(~valid.unsqueeze(-1), 0.0)
+        return dxq, dxk, dv, None, None, None, None, None
 
 
 class CausalFavorAttention(torch.autograd.Function):
@@ -215,5 +268,8 @@ def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.T
         valid = None if key_padding_mask is None else (~key_padding_mask.bool())[:, None].expand(B, H, L).reshape(G, L)
         args = (q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d), v.to(dtype).reshape(G, L, v.shape[-1]),
                 w, b, c, valid, torch.finfo(dtype).tiny if eps is None else eps)
-        out = CausalFavorAttention.apply(*args, chunk_size) if causal else FusedFavorAttention.apply(*args, one_block)
+        if causal:
+            out = CausalFavorAttention.apply(*args, chunk_size)
+        else:
+            out = WholeFavorAttention.apply(*args) if one_block else FusedFavorAttention.apply(*args)
     return out.view(B, H, L, -1).to(v.dtype)

@@ -210,7 +210,8 @@ class Attention(nn.Module):
         loc, glob = self._split(q, k, v)
         out = self._global(*glob, key_padding_mask, x.device)
         local = local_attention(*loc, self.local_window, self.causal, key_padding_mask,
-                                band=masks.local_band(self.local_window, self.causal, x.device))
+                                bias=masks.local_bias(self.local_window, self.causal, self.local_heads, loc[0].dtype,
+                                                      x.device))
         out = torch.cat([self.drop(local), out], dim=1)
         return self._merge(out)
 

@@ -43,27 +43,36 @@ def local_band(L: int, window: int, causal: bool = False, key_padding_mask: torc
     return (allowed | (diff == 0)[None])[:, None]         # itself: no empty row
 
 
+def local_bias(band: torch.Tensor, heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`local_band` as SDPA's additive mask for :func:`local_attention`'s 4-D layout: (B x heads or 1,
+    N, w, n_off * w), 0 where a key is seen and -inf elsewhere (a float mask: no conversion per layer)."""
+    bias = torch.zeros(band.shape, dtype=dtype, device=band.device).masked_fill_(~band, float("-inf"))[:, 0]
+    return bias.repeat_interleave(heads, 0) if bias.shape[0] > 1 else bias
+
+
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool = False,
-                    key_padding_mask: torch.Tensor | None = None, band: torch.Tensor | None = None) -> torch.Tensor:
-    """q, k, v (B, H, L, d); key_padding_mask (B, L) True = padding -> (B, H, L, d).  ``band``: this
-    length's :func:`local_band` (with the padding in it), when the caller keeps one for all layers."""
+                    key_padding_mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v (B, H, L, d); key_padding_mask (B, L) True = padding -> (B, H, L, d).  ``bias``: this
+    length's :func:`local_bias` (with the padding in it), when the caller keeps one for all layers.
+
+    4-D for SDPA ((B x H, N blocks, w, d): its fused kernel takes a mask in 4-D, a 5-D call falls back
+    to a dozen ops), and each block's keys are a strided window over the padded keys (``unfold``: no
+    copies, one op in the backward)."""
     B, H, L, d = q.shape
     w = max(1, min(int(window), L))
     N = -(-L // w)
     pad = N * w - L
-    offsets = (-1, 0) if causal else (-1, 0, 1)
+    n_off = 2 if causal else 3
+    right = pad + (n_off - 2) * w                          # keys of block n: padded positions n w .. (n + n_off) w
 
-    def blocks(x: torch.Tensor) -> torch.Tensor:          # (B, H, L, d) -> (B, H, N + 2, w, d), a zero block each side
-        return F.pad(x, (0, 0, w, pad + w)).view(*x.shape[:2], N + 2, w, x.shape[-1])
+    def windows(x: torch.Tensor) -> torch.Tensor:          # (B, H, L, d) -> (B H, N, n_off w, d), overlapping views
+        return F.pad(x, (0, 0, w, right)).view(B * H, -1, d).unfold(1, n_off * w, w).transpose(-1, -2)
 
-    kb, vb = blocks(k), blocks(v)
-    keys = torch.cat([kb[:, :, 1 + o:1 + o + N] for o in offsets], dim=3)      # (B, H, N, n_off * w, d)
-    vals = torch.cat([vb[:, :, 1 + o:1 + o + N] for o in offsets], dim=3)
-    queries = F.pad(q, (0, 0, 0, pad)).view(B, H, N, w, d)
-    if band is None:
-        band = local_band(L, window, causal, key_padding_mask, q.device)
-    out = F.scaled_dot_product_attention(queries, keys, vals, attn_mask=band)
-    return out.reshape(B, H, N * w, d)[:, :, :L]
+    if bias is None:
+        bias = local_bias(local_band(L, window, causal, key_padding_mask, q.device), H, q.dtype)
+    queries = F.pad(q, (0, 0, 0, pad)).view(B * H, N, w, d)
+    out = F.scaled_dot_product_attention(queries, windows(k), windows(v), attn_mask=bias.to(q.dtype))
+    return out.view(B, H, N * w, d)[:, :, :L]
 
 
 def local_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from .local import local_band
+from .local import local_band, local_bias
 
 
 class AttentionMasks:
     """The key padding mask (B, L) bool, True = padding, or None when nothing is padded (decided once
-    here), and the local heads' band per (window, causal), built on first use and kept."""
+    here), and the local heads' additive band mask per (window, causal, heads, dtype), built on first use and kept."""
 
     def __init__(self, key_padding_mask: torch.Tensor | None, length: int):
         if key_padding_mask is not None:
@@ -29,8 +29,11 @@ class AttentionMasks:
         """``mask`` as AttentionMasks: kept when it is one already, else wrapped."""
         return mask if isinstance(mask, AttentionMasks) else cls(mask, length)
 
-    def local_band(self, window: int, causal: bool, device) -> torch.Tensor:
-        key = (int(window), bool(causal), str(device))
+    def local_bias(self, window: int, causal: bool, heads: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """local.local_attention's additive mask for this input (local.local_bias), built once per
+        (window, causal, heads, dtype, device)."""
+        key = (int(window), bool(causal), int(heads), dtype, str(device))
         if key not in self._bands:
-            self._bands[key] = local_band(self.length, window, causal, self.key_padding_mask, device)
+            band = local_band(self.length, window, causal, self.key_padding_mask, device)
+            self._bands[key] = local_bias(band, heads, dtype)
         return self._bands[key]
