@@ -1,5 +1,7 @@
 """Shared test helpers."""
+import importlib
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,13 @@ def transformers(tmp_path_factory):
             mp.setenv("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
         mp.setenv("HF_HUB_OFFLINE", "1")
         yield pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[hf]')")
+
+
+def import_fla(module: str):
+    """(fla's ``module``, None), or (None, why it cannot be imported here: the skip reason)."""
+    with warnings.catch_warnings():   # fla warns that Triton has no GPU here
+        warnings.simplefilter("ignore")
+        try:
+            return importlib.import_module(module), None
+        except Exception as e:  # noqa: BLE001 - any import failure means: no fla here
+            return None, f"flash-linear-attention not installed (pip install '.[gpu]'): {type(e).__name__}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,9 @@ from protein_performer.attention.fla_backend import (BACKENDS, GATED_KERNELS, ch
                                                      resolve_backend, training_device)
 from protein_performer.errors import UserError
 
-with warnings.catch_warnings():   # fla warns that Triton has no GPU here
-    warnings.simplefilter("ignore")
-    try:
-        import fla.ops.common.chunk_o as fla_chunk_o
-        FLA = None
-    except Exception as e:  # noqa: BLE001 - any import failure means: no fla here
-        FLA = f"flash-linear-attention not installed (pip install '.[gpu]'): {type(e).__name__}"
+from conftest import import_fla
+
+fla_chunk_o, FLA = import_fla("fla.ops.common.chunk_o")
 needs_fla = pytest.mark.skipif(FLA is not None, reason=FLA or "")
 
 H200, A100, B200 = ((9, 0), "NVIDIA H200"), ((8, 0), "NVIDIA A100-SXM4-80GB"), ((10, 0), "NVIDIA B200")

@@ -7,7 +7,6 @@ Skipped with a reason when flash-linear-attention (the ``gpu`` extra) is not ins
 backend-selection tests need no fla."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -19,13 +18,11 @@ from protein_performer.attention.linear import chunk_linear_attention, init_line
 from protein_performer.attention.naive import naive_linear_attention
 from protein_performer.errors import UserError
 
-with warnings.catch_warnings():   # fla warns that Triton has no GPU here
-    warnings.simplefilter("ignore")
-    try:
-        from fla.ops.simple_gla.naive import naive_chunk_simple_gla, naive_recurrent_simple_gla
-        FLA = None
-    except Exception as e:  # noqa: BLE001 - any import failure means: no fla here
-        FLA = f"flash-linear-attention not installed (pip install '.[gpu]'): {type(e).__name__}"
+from conftest import import_fla
+
+fla_naive, FLA = import_fla("fla.ops.simple_gla.naive")
+naive_chunk_simple_gla = getattr(fla_naive, "naive_chunk_simple_gla", None)
+naive_recurrent_simple_gla = getattr(fla_naive, "naive_recurrent_simple_gla", None)
 
 needs_fla = pytest.mark.skipif(FLA is not None, reason=FLA or "")
 
