@@ -82,7 +82,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     program = RERUN = [sys.argv[0], *([] if argv is None else [command])]  # what runs this command again (DDP)
     args = list(sys.argv[1:] if argv is None else argv)
     if not any(a.startswith("hydra.job.name=") for a in args):
-        args.append(f"hydra.job.name={command}")
+        args.insert(0, f"hydra.job.name={command}")  # before any flag: Hydra reads overrides up to the first
     sys.argv = [prog or f"protein-performer {command}", *args]
     module, function = spec.target.split(":")
     folder = run_dir = None

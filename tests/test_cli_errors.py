@@ -295,3 +295,15 @@ def test_compare_model_overrides_take_a_list_or_a_tree_and_refuse_anything_else(
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "model_overrides.performer" in lines[0], err
     assert not out.exists()
+
+
+def test_hydra_flags_after_overrides_work(tmp_path, capsys, monkeypatch):
+    """``protein-performer train trainer.max_steps=3 --cfg job`` prints the composed job config: the
+    command's own hydra.job.name override goes before the user's flags (after them, Hydra's argument
+    parser refused it: "unrecognized arguments")."""
+    from inprocess import run_main
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(capsys, "train", "trainer.max_steps=3", "--cfg", "job")
+    assert code == 0, err
+    assert "max_steps: 3" in out and "unrecognized" not in err
+    assert list(tmp_path.iterdir()) == []          # printing the config writes nothing

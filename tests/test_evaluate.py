@@ -301,7 +301,7 @@ def test_compare_command_takes_the_readme_budget_key_and_finds_its_data_anywhere
     from protein_performer.resources import bundled
     monkeypatch.chdir(tmp_path)  # not the checkout: default paths must not depend on the working directory
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("compare", overrides=["trainer.max_steps=200"])  # as the README writes it
+        cfg = compose("compare", overrides=["trainer.max_steps=200"])  # as docs/commands.md writes it
         explicit = compose("compare", overrides=["train.trainer.max_steps=600"])
         long = compose("long_proteins")
     assert cfg.heldout.long_path is None and long.heldout.path == cfg.heldout.path

@@ -1,4 +1,4 @@
-"""The folders show the layers (README, Layout): a module imports protein_performer modules
+"""The folders show the layers (docs/layout.md): a module imports protein_performer modules
 only from its own layer or the layers below, checked on the source (imports inside
 functions included), so a change to a lower layer never needs a higher one."""
 import ast
