@@ -179,6 +179,7 @@ def calibrate(models: Sequence[str], train_overrides: Sequence[str], extras: dic
 
 #: training-config keys that do not change the trained model (a reused run may differ in them)
 NOT_SETTINGS = ("overwrite", "logger", "run_name", "trainer.enable_progress_bar", "data.progress",
+                "progress_every", "progress_seconds",
                 "data.num_workers", "data.prepare_workers")
 
 

@@ -197,9 +197,9 @@ def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: floa
     per_seq = [Scores(sequences=1) for _ in proteins]
     total = sum(len(p.inputs) for p in pieces)
     bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr)
+    if progress:  # tqdm's bar on a terminal; in a log, a plain line every 50 batches or 30 s
+        from .training.progress import progress_bar
+        bar = progress_bar(total, desc, "tokens", stream=sys.stderr, tqdm_kw={"unit": "tok", "unit_scale": True})
     for idx in token_budget_batches([len(p.inputs) for p in pieces], max_tokens, batch_size):
         batch = [pieces[i] for i in idx]
         inputs, padding = pad_batch([p.inputs for p in batch], tokenizer.pad_id)

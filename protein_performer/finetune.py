@@ -21,6 +21,7 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -309,21 +310,54 @@ def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tup
 WARMUP = 0.06
 
 
-def warmup_linear(total: int, warmup: float):
+def warmup_linear(total: float, warmup: float, seconds: float | None = None, clock=time.monotonic):
     """The learning-rate factor at each optimizer step: up from 0 over the first ``warmup`` share of
     ``total`` steps, then straight down to 0 at ``total`` (BERT's fine-tuning schedule: the last
-    epoch's small steps settle the weights the early stopping keeps instead of jumping around them)."""
-    ramp = max(1, round(warmup * total))
+    epoch's small steps settle the weights the early stopping keeps instead of jumping around them).
+
+    ``seconds`` (trainer.max_time): the run also ends when that much time has passed since the first
+    step, so the share done is the larger of the steps' and the clock's (``total`` may then be inf:
+    the time alone bounds the run), and the rates reach 0 when the time does."""
+    ramp = max(1, round(warmup * total)) if math.isfinite(total) else 1
+    start = []
 
     def factor(step: int) -> float:
-        if step < ramp:
-            return (step + 1) / ramp
-        return max(0.0, (total - step) / max(1, total - ramp))
+        if seconds is None:
+            if step < ramp:
+                return (step + 1) / ramp
+            return max(0.0, (total - step) / max(1, total - ramp))
+        if not start:
+            start.append(clock())
+        done = max(step / total if math.isfinite(total) else 0.0, (clock() - start[0]) / seconds)
+        if done < warmup:
+            return max(done, (step + 1) / total if math.isfinite(total) else 0.0) / warmup
+        return max(0.0, (1.0 - done) / (1.0 - warmup))
     return factor
 
 
+def time_budget(max_time) -> float | None:
+    """trainer.max_time as seconds: Lightning's "DD:HH:MM:SS", a dict of timedelta's keys, or a timedelta;
+    None when it is not set.  Anything else is one line naming the key."""
+    import datetime
+    if max_time is None:
+        return None
+    try:
+        if isinstance(max_time, str):
+            days, hours, minutes, secs = (int(x) for x in max_time.split(":"))
+            max_time = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=secs)
+        elif isinstance(max_time, Mapping):
+            max_time = datetime.timedelta(**max_time)
+        seconds = max_time.total_seconds()
+    except (TypeError, ValueError, AttributeError):
+        raise UserError(f"trainer.max_time={max_time!r}: give DD:HH:MM:SS (e.g. 00:00:10:00), or a dict such as "
+                        f"{{minutes: 10}}") from None
+    if not seconds > 0:
+        raise UserError(f"trainer.max_time={max_time}: must be longer than 0")
+    return seconds
+
+
 def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay: float, scale: tuple[float, float],
-                      schedule: str = "constant", warmup: float = 0.0):
+                      schedule: str = "constant", warmup: float = 0.0, seconds: float | None = None):
     import pytorch_lightning as pl
 
     class FineTuner(pl.LightningModule):
@@ -367,8 +401,8 @@ def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay:
             opt = torch.optim.AdamW(groups, weight_decay=weight_decay)
             if schedule == "constant":
                 return opt
-            total = int(self.trainer.estimated_stepping_batches)  # max_epochs (or max_steps) of batches
-            step = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(total, warmup))
+            total = float(self.trainer.estimated_stepping_batches)  # max_epochs (or max_steps) of batches; inf: max_time alone
+            step = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(total, warmup, seconds))
             return {"optimizer": opt, "lr_scheduler": {"scheduler": step, "interval": "step"}}
 
     return FineTuner()
@@ -380,7 +414,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
-             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None) -> dict:
+             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
+             progress_every: int | None = 50, progress_seconds: float | None = 30.0) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
     LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
     feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged into
@@ -388,16 +423,21 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     either side (None: :data:`RESIDUE_WINDOW` for task=residue, else 0).  ``head_init``: ``probe`` (the head starts as a linear probe of the
     frozen encoder, :func:`probe_head_init`; the validation loss of that start competes with every
     epoch's) or ``random``.  ``schedule``: ``constant`` rates, or ``linear`` (:func:`warmup_linear`:
-    up over the first ``warmup`` share of the trainer's steps, then down to 0 at its last)."""
+    up over the first ``warmup`` share of the trainer's steps, then down to 0 at its last).
+    Progress: one line per epoch (the validation loss, its best, the ETA) on stdout; with the
+    trainer's progress bar on and stdout not a terminal, also a line every ``progress_every`` steps
+    or ``progress_seconds`` seconds instead of the bar."""
     import pytorch_lightning as pl
 
     from .hub.load import load_model
+    from .training.progress import check_progress, lightning_progress
     out = Path(output_dir)
     OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= v < 1:
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
+    check_progress(progress_every, progress_seconds)
     if int(max_tokens) < 1:
         raise UserError(f"max_tokens={max_tokens}: must be positive")
     if window is None:
@@ -461,15 +501,20 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = {s: Encoded([tokens[i] for i in idx], [targets[i] for i in idx]) for s, idx in part.items()}
 
-    module = _lightning_module(net, lr, head_lr, weight_decay, scale, schedule, warmup)
     settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                 "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                 **(trainer or {})}
-    if schedule == "linear" and settings.get("max_epochs") == -1 and settings.get("max_steps", -1) == -1:
-        raise UserError("schedule=linear falls to 0 at the last step: set trainer.max_epochs or trainer.max_steps, "
-                        "or use schedule=constant")
+    seconds = time_budget(settings.get("max_time"))
+    if schedule == "linear" and settings.get("max_epochs") == -1 and settings.get("max_steps", -1) == -1 \
+            and seconds is None:
+        raise UserError("schedule=linear falls to 0 at the last step: set trainer.max_epochs, trainer.max_steps or "
+                        "trainer.max_time, or use schedule=constant")
+    module = _lightning_module(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds)
+    settings["enable_progress_bar"], progress = lightning_progress(
+        settings.get("enable_progress_bar", True), "finetune", every=progress_every, seconds=progress_seconds,
+        epochs=True)
     settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
-                                                       check_on_train_epoch_end=False)]
+                                                       check_on_train_epoch_end=False), *progress]
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
         try:
             fit = pl.Trainer(default_root_dir=root, **settings)

@@ -340,8 +340,14 @@ def _expand(state: Any, n: int) -> Any:
     return state
 
 
-def score_assay(scorer: Scorer, assay: Assay, strategies: Sequence[str]) -> dict[str, np.ndarray]:
-    """strategy -> (rows,) scores, NaN at skipped rows; identical mutants computed once."""
+def distinct_mutants(assay: Assay) -> int:
+    """How many distinct mutants :func:`score_assay` computes (per strategy)."""
+    return len({m for m in assay.mutants if m is not None})
+
+
+def score_assay(scorer: Scorer, assay: Assay, strategies: Sequence[str], progress=None) -> dict[str, np.ndarray]:
+    """strategy -> (rows,) scores, NaN at skipped rows; identical mutants computed once.
+    ``progress``: called with the number of mutant scores computed (``ProgressLines.update``)."""
     wt = scorer.ids(assay.wild_type)
     distinct = sorted({m for m in assay.mutants if m is not None})
     where = {m: k for k, m in enumerate(distinct)}
@@ -363,8 +369,12 @@ def score_assay(scorer: Scorer, assay: Assay, strategies: Sequence[str]) -> dict
                 for p, mt, _ in s:
                     mut[p] = mt
                 values.append(scorer.pll(mut) - base)
+                if progress is not None:
+                    progress(1)
         else:
             values = scorer.log_likelihood_ratio(wt, [[(p, mt) for p, mt, _ in s] for s in subs])
+        if progress is not None and strategy != "pll":
+            progress(len(subs))
         values = np.asarray(values, dtype=np.float64)
         out[strategy] = np.array([values[where[m]] if m is not None else math.nan for m in assay.mutants])
     return out
@@ -494,11 +504,14 @@ def score_files(ckpt: Any, input: str, output: str, sequence: str | None = None,
     strategies = resolve_strategies(strategies, loaded.causal, loaded.source)
     scorer = Scorer(loaded, max_tokens, rnn_batch, precision)
     start = time.perf_counter()
+    lines = _progress_lines(sum(distinct_mutants(a) for a in assays) * len(strategies))
     for assay in assays:
         t0 = time.perf_counter()
-        assay.scores = score_assay(scorer, assay, strategies)
+        assay.scores = score_assay(scorer, assay, strategies, None if lines is None else lines.update)
         n = len(assay.rows) - assay.skipped
         log.info("%s: %d mutants scored in %.1f s", assay.name, n, time.perf_counter() - t0)
+    if lines is not None:
+        lines.close()
     seconds = time.perf_counter() - start
     per_assay = {a.name: assay_metrics(a) for a in assays}
     summary = {"ckpt": str(loaded.source), "strategies": strategies, "seconds": round(seconds, 3),
@@ -511,6 +524,17 @@ def score_files(ckpt: Any, input: str, output: str, sequence: str | None = None,
         write_text(out, scored_csv(assay, strategies))
     write_json(metrics_path, summary)
     return summary
+
+
+def _progress_lines(total: int):
+    """Progress lines when stdout is not a terminal (a log file): one every 50 scoring calls or
+    30 s, counting mutant scores (distinct mutants x strategies); on a terminal, none (as before)."""
+    import sys
+
+    from .training.progress import ProgressLines, is_terminal
+    if is_terminal(sys.stdout):
+        return None
+    return ProgressLines("score", total, unit="mutant scores", rate_unit="mutants/s")
 
 
 def scored_csv(assay: Assay, strategies: Sequence[str]) -> str:

@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -335,11 +336,54 @@ def test_linear_schedule_warms_up_then_falls_to_zero_at_the_last_step():
     assert FT.warmup_linear(10, 0.2)(10) == 0.0
 
 
+def test_a_time_budget_schedules_on_the_clock():
+    """trainer.max_time with schedule=linear (issue 45): the share done is the larger of steps / total and
+    elapsed / budget; written out for a 100 s budget, 10 % warmup, on a fake clock."""
+    now = [50.0]
+    time_only = FT.warmup_linear(float("inf"), 0.1, 100.0, clock=lambda: now[0])
+    seen = []
+    for elapsed in (0, 5, 10, 55, 100, 130):
+        now[0] = 50.0 + elapsed
+        seen.append(time_only(len(seen)))
+    assert seen == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0, 0.0], abs=1e-12)
+    now[0] = 0.0
+    both = FT.warmup_linear(10.0, 0.1, 100.0, clock=lambda: now[0])
+    assert both(0) == 1 / 10 / 0.1                          # step 1 of 10 ends the warmup at once
+    now[0] = 20.0
+    assert both(5) == pytest.approx((1 - 0.5) / 0.9)         # steps (5 / 10) ahead of the clock (20 / 100)
+    now[0] = 80.0
+    assert both(5) == pytest.approx((1 - 0.8) / 0.9)         # the clock ahead of the steps
+    assert FT.time_budget("00:00:10:00") == 600 and FT.time_budget("1:2:3:4") == 93784
+    assert FT.time_budget({"minutes": 10}) == 600 and FT.time_budget(None) is None
+
+
+def test_a_time_budget_alone_bounds_a_linear_finetune(ckpt, tmp_path, capsys):
+    """trainer.max_epochs=-1 trainer.max_time=00:00:00:03: the run stops on time (Lightning's Timer) and
+    still writes its outputs and metrics."""
+    rng = random.Random(4)
+    rows = [[f"p{k}", protein(rng, "K" if k % 2 else None, 0.3), "ab"[k % 2], "test" if k % 5 == 0 else
+             "valid" if k % 5 == 1 else "train"] for k in range(60)]
+    labels = write_csv(tmp_path / "labels.csv", rows)
+    start = time.monotonic()
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={tmp_path / 'out'}", "trainer.max_epochs=-1",
+                                "trainer.max_time=00:00:00:03", "patience=1000")
+    assert code == 0, err
+    assert 3 <= time.monotonic() - start < 60
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    p = predictions(tmp_path / "out")
+    assert len(p) == 12 and metrics["proteins"] == {"train": 36, "valid": 12, "test": 12}
+    assert metrics["accuracy"] == pytest.approx(accuracy_score([r["label"] for r in p], [r["prediction"] for r in p]))
+
+
 @pytest.mark.parametrize("setting, message", [
     ("schedule=cosine", "error: schedule='cosine': choose constant or linear (warmup, then down to 0 at the last epoch)\n"),
     ("warmup=1.5", "error: warmup=1.5: a fraction of the steps in [0, 1)\n"),
-    ("trainer.max_epochs=-1", "error: schedule=linear falls to 0 at the last step: set trainer.max_epochs or "
-                              "trainer.max_steps, or use schedule=constant\n")])
+    ("trainer.max_epochs=-1", "error: schedule=linear falls to 0 at the last step: set trainer.max_epochs, "
+                              "trainer.max_steps or trainer.max_time, or use schedule=constant\n"),
+    ("trainer.max_time=10min", "error: trainer.max_time='10min': give DD:HH:MM:SS (e.g. 00:00:10:00), or a dict "
+                               "such as {minutes: 10}\n"),
+    ("trainer.max_time=00:00:00:00", "error: trainer.max_time=0:00:00: must be longer than 0\n")])
 def test_a_bad_schedule_is_one_line_before_anything_is_written(setting, message, ckpt, tmp_path, capsys):
     labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
                        header=("id", "sequence", "label"))

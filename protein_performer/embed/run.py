@@ -164,9 +164,10 @@ def _progress_bar(show: bool, total: int, world: int):
     if not show:
         yield None
         return
-    from tqdm.auto import tqdm
+    from ..training.progress import progress_bar  # tqdm's bar on a terminal; in a log, a plain line every 50 batches or 30 s
     desc = "embedding" if world == 1 else f"embedding (process 0 of {world})"
-    with tqdm(total=total, unit="res", unit_scale=True, desc=desc, dynamic_ncols=True, file=sys.stderr) as bar:
+    with progress_bar(total, desc, "residues", stream=sys.stderr,
+                      tqdm_kw={"unit": "res", "unit_scale": True, "dynamic_ncols": True}) as bar:
         yield bar
 
 

@@ -33,6 +33,7 @@ from ..model import ModelConfig
 from ..model import PerformerLM
 from ..objectives import check_objective
 from ..tokenizer import Tokenizer
+from .progress import EVERY, SECONDS, check_progress, lightning_progress
 from .quiet import quiet_libraries
 from .run_folder import check_own_files, check_run_folder, guard_run_folder, journal, replacing_run, run_inputs
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
@@ -157,6 +158,7 @@ def check_settings(cfg: DictConfig) -> None:
         raise UserError(f"optim.warmup_steps must be a non-negative integer, got {o.warmup_steps!r}")
     if not (isinstance(o.min_lr_ratio, (int, float)) and 0 <= o.min_lr_ratio <= 1):
         raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio!r}")
+    check_progress(cfg.get("progress_every", EVERY), cfg.get("progress_seconds", SECONDS))
     if cfg.get("malloc", "keep") not in MALLOC_CHOICES:
         raise UserError(f"malloc={cfg.get('malloc')!r}; choose from {' | '.join(MALLOC_CHOICES)}")
 
@@ -273,8 +275,12 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
         callbacks += [LearningRateMonitor(logging_interval="step"), Throughput()]
         task._log_hyperparams = False  # Lightning would log the module's hparams only; the run gets all of it
         logger.log_hyperparams(run_config(cfg, task))
+    # Lightning's bar on a terminal; in a log (stdout not a terminal) a plain line every
+    # progress_every steps or progress_seconds seconds instead of its carriage returns
+    bar, progress = lightning_progress(cfg.trainer.get("enable_progress_bar", True), "train",
+                                       every=cfg.get("progress_every", EVERY), seconds=cfg.get("progress_seconds", SECONDS))
     trainer: pl.Trainer = hydra.utils.instantiate(cfg.trainer, default_root_dir=str(run_dir), logger=logger,
-                                                  callbacks=callbacks)
+                                                  callbacks=callbacks + progress, enable_progress_bar=bar)
     with replacing_run(run_dir, written, overwrite and zero):
         if zero:
             written.record(run_dir / "config.yaml")
