@@ -89,6 +89,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     if not any(a.startswith("-") for a in args):
         try:
             cfg = compose(spec.config, args)
+            check_booleans(spec.config, args, cfg)
             run_dir = str(cfg.hydra.run.dir)
         except USER_ERRORS as e:
             fail(one_line(e))
@@ -168,6 +169,40 @@ def compose(config: str, args: list[str]):
     except (HydraException, OmegaConfBaseException) as e:
         from .errors import UserError
         raise UserError(hydra_message(e, config, args)) from None
+
+
+#: keys whose values their library checks itself (Lightning's ``trainer.deterministic=warn``, wandb's
+#: ``logger.log_model=all``): left out of :func:`check_booleans`
+LIBRARY_KEYS = ("hydra.", "trainer.", "logger.")
+
+
+def check_booleans(config: str, args: list[str], cfg) -> None:
+    """A key whose default is true or false, given another value: one line (``overwrite=nope`` would
+    otherwise read as true). The defaults come from the config composed without the overrides that
+    set a key to a string (one more composition, only when there are such overrides)."""
+    from omegaconf import OmegaConf
+
+    from .errors import UserError
+
+    def value(c, key):
+        try:
+            return OmegaConf.select(c, key, default=None, throw_on_missing=False)
+        except Exception:  # an interpolation only Hydra's run resolves: not a boolean key
+            return None
+    given = {}
+    for a in args:
+        key, eq, _ = a.partition("=")
+        if not eq or a.startswith(("+", "~", "-")) or "@" in key or key.startswith(LIBRARY_KEYS):
+            continue
+        v = value(cfg, key)
+        if v is not None and not isinstance(v, bool) and not OmegaConf.is_config(v):
+            given[a] = (key, v)
+    if not given:
+        return
+    defaults = compose(config, [a for a in args if a not in given])
+    for a, (key, v) in given.items():
+        if isinstance(value(defaults, key), bool):
+            raise UserError(f"{a}: {key} is true or false, not {v!r}")
 
 
 def hydra_message(e: BaseException, config: str, args: list[str]) -> str:

@@ -90,6 +90,9 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
         guard.file(f"output_dir/{name}", out / name)
     for i, name in enumerate(models):
         guard.child(out / "runs", name, f"models[{i}]", "output_dir/runs")
+    if exact_name not in models and not (conf_dir() / "model" / f"{exact_name}.yaml").is_file():
+        raise UserError(f"exact={exact_name}: no such model (conf/model/{exact_name}.yaml); exact names the "
+                        f"exact-softmax reference the gaps are measured against, one of models={list(models)}")
     for key, path in held.items():  # a wrong path is one line now, not after every model has trained
         check_source(path, key)
     check_time_budget(time_budget, calibration_reps)

@@ -327,3 +327,61 @@ def test_only_train_creates_an_outputs_folder(tmp_path, capsys, monkeypatch, ckp
     made = sorted(set(checksums(tmp_path)) - set(before))
     assert made and all(re.fullmatch(r"evaluation(/[\d-]+){0,2}(/[^/]+)?", m) for m in made), made
     assert not (tmp_path / "outputs").exists()
+
+
+# --- re-check of issue 44: what the first pass left ----------------------------------------------
+def test_a_failed_run_in_a_folder_with_checkpoints_leaves_every_file_as_it_was(tmp_path, capsys, monkeypatch,
+                                                                             small_fasta):
+    """A failed run (overwrite=true or not) in an old run's folder appended to its train.log and
+    added .hydra.pending/ names to its journal."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    code, _, err = run_main(capsys, "train", *TRAIN, f"data.path={small_fasta}", f"hydra.run.dir={run}")
+    assert code == 0 and (run / "checkpoints" / "last.ckpt").is_file(), err[-3000:]
+    before = checksums(run)
+    for bad in (["overwrite=true", "optim.lr=-1"], ["overwrite=true", f"data.path={tmp_path / 'missing.fasta'}"],
+                ["overwrite=true", "trainer.max_steps=-5"], [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+                                                              "objective=clm"]):
+        line = one_line(*run_main(capsys, "train", *TRAIN, f"data.path={small_fasta}", f"hydra.run.dir={run}", *bad))
+        assert line.startswith("error: "), line
+        assert checksums(run) == before, (bad, line)  # train.log, the journal, .hydra/, checkpoints: unchanged
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("command, args, key, value", [
+    ("probe", ["embeddings=e.h5", "labels=l.csv", "output=mine.json"], "overwrite", "nope"),
+    ("evaluate", ["ckpt=m.ckpt", "output_dir=ev"], "progress", "nope"),
+    ("embed", ["ckpt=m.ckpt", "input=p.fasta", "output=mine.json"], "per_residue", "1"),
+    ("train", ["hydra.run.dir=run"], "compile", "yes"),
+    ("finetune", ["ckpt=m.ckpt", "labels=l.csv", "task=regression", "output_dir=ft"], "lora", "maybe")])
+def test_a_true_or_false_key_given_another_value_is_one_line(tmp_path, capsys, monkeypatch, command, args, key, value):
+    """overwrite=nope read as true (Python's bool of a non-empty string) and replaced the user's file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.json").write_text('{"mine": 1}\n')
+    before = checksums(tmp_path)
+    line = one_line(*run_main(capsys, command, *args, f"{key}={value}"))
+    shown = repr(int(value)) if value.isdigit() else repr(value)
+    assert line == f"error: {key}={value}: {key} is true or false, not {shown}"
+    assert checksums(tmp_path) == before
+
+
+def test_compare_refuses_an_exact_reference_that_is_no_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_line(*run_main(capsys, "compare", "exact=nope", "models=[performer,linear]", "hydra.run.dir=cmp",
+                              "heldout.max_records=5", "train.data.max_records=50", "trainer.max_steps=2"))
+    assert line == ("error: exact=nope: no such model (conf/model/nope.yaml); exact names the exact-softmax "
+                    "reference the gaps are measured against, one of models=['performer', 'linear']")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_refuses_an_unfinished_finetune_output(tmp_path, capsys, ckpts, labeled):
+    """finetune writes metrics.json last; a folder without it may hold half its files."""
+    from protein_performer.finetune import finetune
+    ft = tmp_path / "ft"
+    finetune(ckpts["mlm"], labeled["classes"], "classification", ft, trainer={"max_epochs": 1})
+    (ft / "metrics.json").unlink()
+    before = checksums(tmp_path)
+    line = one_line(*run_main(capsys, "export", f"ckpt={ft}", f"output={tmp_path / 'exported'}"))
+    assert line == (f"error: ckpt={ft}: an unfinished finetune output (no metrics.json: finetune was cut short in "
+                    f"its final writes); rerun the same finetune command to complete it")
+    assert checksums(tmp_path) == before

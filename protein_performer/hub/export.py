@@ -60,10 +60,13 @@ def export(ckpt_path, output_dir, metrics=None, overwrite: bool = False) -> Path
         if metrics:
             raise UserError(f"metrics={metrics}: a finetune output's card takes the test figures of its own "
                             f"metrics.json; leave metrics unset")
-        net, meta = load_finetuned(ckpt_path)
         test = ckpt_path / "metrics.json"
+        if not test.is_file():  # finetune writes metrics.json last: without it, its other files may be half
+            raise UserError(f"ckpt={ckpt_path}: an unfinished finetune output (no metrics.json: finetune was cut "
+                            f"short in its final writes); rerun the same finetune command to complete it")
+        net, meta = load_finetuned(ckpt_path)
         card = finetuned_card(config := finetuned_config(net, meta),
-                              json.loads(test.read_text(encoding="utf-8")) if test.is_file() else None)
+                              json.loads(test.read_text(encoding="utf-8")))
         return write_model_dir(out, net, config, card, overwrite=overwrite)
     module = load_checkpoint(str(ckpt_path))
     step = checkpoint_step(ckpt_path)

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError, user_error
-from ..files import WrittenFiles
+from ..files import WrittenFiles, write_bytes
 from ..output_guard import OutputGuard
 
 JOURNAL = ".protein-performer.json"
@@ -45,6 +45,16 @@ def journal(run_dir: str | Path) -> WrittenFiles:
 def checkpoints_in(ckpt_dir: str | Path) -> list[Path]:
     ckpt_dir = Path(ckpt_dir)
     return sorted(ckpt_dir.glob("*.ckpt")) if ckpt_dir.is_dir() else []
+
+
+def _checkpoint_states(run_dir: Path) -> dict[str, tuple[int, int, int]]:
+    """``checkpoints/*.ckpt`` -> (inode, size, mtime): what tells whether a run wrote one."""
+    states = {}
+    for p in checkpoints_in(Path(run_dir) / "checkpoints"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            states[p.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return states
 
 
 def check_run_folder(ckpt_dir: str | Path, ckpt_path: str | None, overwrite: bool) -> None:
@@ -111,8 +121,14 @@ class RunFolder:
     ``hydra_dir``: where Hydra writes its files (``.hydra``, or :data:`PENDING_HYDRA` while an
     earlier run's ``.hydra/`` stays until this run succeeds)."""
 
-    def __init__(self, run_dir: Path, created: list[Path], hydra_dir: str = ".hydra"):
+    def __init__(self, run_dir: Path, created: list[Path], hydra_dir: str = ".hydra", job_name: str = "train"):
         self.dir, self.created, self.hydra_dir = run_dir, created, hydra_dir
+        # what was there before: a failed run that wrote no checkpoint leaves the folder as it was
+        # (the journal's bytes, the old run's log at its old length)
+        self.checkpoints = _checkpoint_states(run_dir)
+        j, self.log = run_dir / JOURNAL, run_dir / f"{job_name}.log"
+        self.journal_bytes = j.read_bytes() if j.is_file() and j not in created else None
+        self.log_size = self.log.stat().st_size if self.log.is_file() and self.log not in created else None
 
     @contextlib.contextmanager
     def running(self):
@@ -150,13 +166,23 @@ class RunFolder:
     @contextlib.contextmanager
     def discard_on_user_error(self):
         """On a user error, remove the paths this invocation created (Hydra's files, the
-        config, the journal, the folders), unless it wrote checkpoints; a bug keeps all."""
+        config, the journal, the folders) and put back the journal and the old run's log as they
+        were, unless it wrote (or changed) checkpoints; a bug keeps all."""
         try:
             yield
         except Exception as e:
-            if user_error(e) is not None and not checkpoints_in(self.dir / "checkpoints"):
+            if user_error(e) is not None and _checkpoint_states(self.dir) == self.checkpoints:
                 self.discard()
+                self._restore()
             raise
+
+    def _restore(self) -> None:
+        """The journal's old bytes and the old run's log cut back to its old length (Hydra appends)."""
+        with contextlib.suppress(OSError):
+            if self.journal_bytes is not None:
+                write_bytes(self.dir / JOURNAL, self.journal_bytes)
+            if self.log_size is not None and self.log.is_file() and self.log.stat().st_size > self.log_size:
+                os.truncate(self.log, self.log_size)
 
     def discard(self) -> None:
         written = journal(self.dir)
@@ -190,9 +216,10 @@ def open_run_folder(run_dir: str | Path, job_name: str, ckpt_path: str | None, o
     created = missing_dirs + [p for p in (run_dir / ".hydra", run_dir / PENDING_HYDRA, run_dir / "checkpoints",
                                           run_dir / JOURNAL, *(run_dir / n for n in (*names, *pending)))
                               if not p.exists() and (p.name != PENDING_HYDRA or pending)]
+    folder = RunFolder(run_dir, created, hydra_dir, job_name)  # (the journal as it was: before this record)
     written = journal(run_dir)
     written.record(*(run_dir / n for n in (*names, *pending)))  # recorded before they are written
-    return RunFolder(run_dir, created, hydra_dir)
+    return folder
 
 
 @contextlib.contextmanager
