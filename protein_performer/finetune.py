@@ -168,9 +168,11 @@ def _read_csv(path: Path, add, have_sequences: bool) -> None:
         raise UserError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
 
 
-def assign_splits(ex: Examples, valid_fraction: float, test_fraction: float, seed: int, source: str) -> np.ndarray:
+def assign_splits(ex: Examples, valid_fraction: float, test_fraction: float, seed: int, source: str,
+                  strata: list | None = None) -> np.ndarray:
     """The split of every example: as the file says; valid rows, when the file has none, a
-    seeded ``valid_fraction`` of train; without a split column, a seeded three-way draw."""
+    seeded ``valid_fraction`` of train (per class of ``strata``, when given: each class keeps its
+    share in both), said in one line; without a split column, a seeded three-way draw."""
     n = len(ex.ids)
     rng = np.random.default_rng(seed)
     split = np.array([s or "train" for s in ex.split], dtype=object)
@@ -180,7 +182,18 @@ def assign_splits(ex: Examples, valid_fraction: float, test_fraction: float, see
         split[order[:n_test]] = "test"
     if not (split == "valid").any():
         train = np.flatnonzero(split == "train")
-        split[rng.permutation(train)[: max(1, int(round(valid_fraction * len(train))))]] = "valid"
+        if strata is None:
+            split[rng.permutation(train)[: max(1, int(round(valid_fraction * len(train))))]] = "valid"
+        else:
+            for c in sorted({strata[i] for i in train}):
+                members = rng.permutation([i for i in train if strata[i] == c])
+                split[members[: int(round(valid_fraction * len(members)))]] = "valid"
+            if not (split == "valid").any():
+                split[rng.permutation(train)[:1]] = "valid"
+        log.info("%s: no valid split given: %d of the %d training proteins held out for validation (a seeded %s%g "
+                 "share), which chooses the kept weights; the test split chooses nothing", source,
+                 int((split == "valid").sum()), len(train), "per-class " if strata is not None else "",
+                 valid_fraction)
     for s in SPLITS:
         if not (split == s).any():
             raise UserError(f"labels {source}: no {s} proteins ({n} in all; the split column, "
@@ -356,20 +369,46 @@ def time_budget(max_time) -> float | None:
     return seconds
 
 
+#: what selects the kept weights on the validation split (select_by=auto: the first of the task's)
+SELECT_BY = {"classification": ("accuracy", "macro_f1", "mcc"), "regression": ("spearman",),
+             "residue": ("residue_accuracy",)}
+
+
+def selection_metric(task: str, by: str, outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """The validation metric that picks the kept weights: ``outputs`` (n, C) logits or (n, 1) values in
+    the head's scale, ``targets`` (n,) (residue tasks: one row per labeled residue).  Higher is better;
+    NaN (a constant regression output) is returned as NaN and never wins."""
+    from scipy.stats import spearmanr
+    from sklearn.metrics import f1_score, matthews_corrcoef
+    y = targets.numpy()
+    if task == "regression":
+        p = outputs[:, 0].numpy()
+        return float("nan") if np.ptp(p) == 0 or np.ptp(y) == 0 else float(spearmanr(p, y).statistic)
+    pred = outputs.argmax(-1).numpy()
+    if by == "macro_f1":
+        return float(f1_score(y, pred, average="macro"))
+    if by == "mcc":
+        return float(matthews_corrcoef(y, pred))
+    return float((pred == y).mean())
+
+
 def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay: float, scale: tuple[float, float],
-                      schedule: str = "constant", warmup: float = 0.0, seconds: float | None = None):
+                      schedule: str = "constant", warmup: float = 0.0, seconds: float | None = None,
+                      select_by: str = "loss"):
     import pytorch_lightning as pl
 
     class FineTuner(pl.LightningModule):
-        """Loss, optimizer and the best validation weights (kept in memory, put back at the end)."""
+        """Loss, optimizer, and the best validated weights (kept in memory, put back at the end): every
+        validation is a candidate (``stage``: "probe" for the probed head before training, then each
+        epoch), ranked by ``select_by`` on the validation split (ties: the lower loss, then the earlier)."""
 
         def __init__(self):
             super().__init__()
-            self.net, self.best, self.best_loss, self._val = net, None, math.inf, [0.0, 0]
+            self.net, self.best, self.best_loss, self._val = net, None, math.inf, []
             self.best_epoch = None  # 0 = the start (validated before training), n = after epoch n
+            self.best_name, self.best_key, self.stage, self.candidates = None, None, "start", []
 
-        def loss(self, batch) -> tuple[torch.Tensor, int]:
-            out, y = self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"]
+        def loss_of(self, out, y) -> tuple[torch.Tensor, int]:
             if net.task == "regression":
                 return F.mse_loss(out.squeeze(-1), (y - scale[0]) / scale[1]), len(y)
             if net.task == "residue":
@@ -377,22 +416,37 @@ def _lightning_module(net: FineTuneNet, lr: float, head_lr: float, weight_decay:
             return F.cross_entropy(out, y), len(y)
 
         def training_step(self, batch, batch_idx):
-            loss, n = self.loss(batch)
+            loss, n = self.loss_of(self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"])
             self.log("train/loss", loss, batch_size=n, prog_bar=True)
             return loss
 
         def validation_step(self, batch, batch_idx):
-            loss, n = self.loss(batch)
-            self._val[0] += float(loss) * n
-            self._val[1] += n
+            out, y = self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"]
+            loss, n = self.loss_of(out, y)
+            if net.task == "residue":
+                keep = y != IGNORE
+                out, y = out[keep], y[keep]
+            self._val.append((float(loss) * n, n, out.detach().cpu(), y.detach().cpu()))
 
         def on_validation_epoch_end(self):
-            loss, self._val = self._val[0] / max(self._val[1], 1), [0.0, 0]
+            val, self._val = self._val, []
+            loss = sum(v[0] for v in val) / max(sum(v[1] for v in val), 1)
             self.log("val/loss", loss, prog_bar=True)
-            if not self.trainer.sanity_checking and loss < self.best_loss:
-                self.best_loss = loss
+            metric = None
+            if select_by != "loss" and val:
+                metric = selection_metric(net.task, select_by, torch.cat([v[2] for v in val]),
+                                          torch.cat([v[3] for v in val]))
+                self.log(f"val/{select_by}", metric)
+            if self.trainer.sanity_checking:
+                return
+            fitting = self.trainer.state.fn == "fit"
+            name = f"epoch {self.trainer.current_epoch + 1}" if fitting else self.stage
+            self.candidates.append({"name": name, "loss": loss, **({select_by: metric} if metric is not None else {})})
+            key = (-loss,) if metric is None else (-math.inf if math.isnan(metric) else metric, -loss)
+            if self.best_key is None or key > self.best_key:
+                self.best_key, self.best_loss, self.best_name = key, loss, name
                 self.best = {k: v.detach().clone() for k, v in _state(self.net).items()}
-                self.best_epoch = self.trainer.current_epoch + 1 if self.trainer.state.fn == "fit" else 0
+                self.best_epoch = self.trainer.current_epoch + 1 if fitting else 0
 
         def configure_optimizers(self):
             enc = [p for p in self.net.encoder.parameters() if p.requires_grad]
@@ -415,14 +469,18 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
-             progress_every: int | None = 50, progress_seconds: float | None = 30.0) -> dict:
+             progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
+             probe_baseline: bool = True) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics. ``lora``:
     LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
     feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged into
     the weights at the end.  ``window`` (task=residue): the head also sees that many residues on
     either side (None: :data:`RESIDUE_WINDOW` for task=residue, else 0).  ``head_init``: ``probe`` (the head starts as a linear probe of the
     frozen encoder, :func:`probe_head_init`; the validation loss of that start competes with every
-    epoch's) or ``random``.  ``schedule``: ``constant`` rates, or ``linear`` (:func:`warmup_linear`:
+    epoch's) or ``random``.  Whatever the start, a linear probe of the frozen encoder is fitted on the
+    training split and validated (``probe_baseline``; false: only the epochs compete, head_init=random), and the weights kept are the best of the probe and every epoch on the
+    validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or macro_f1, mcc,
+    loss), so fine-tuning never ends below its own probe on validation.  ``schedule``: ``constant`` rates, or ``linear`` (:func:`warmup_linear`:
     up over the first ``warmup`` share of the trainer's steps, then down to 0 at its last).
     Progress: one line per epoch (the validation loss, its best, the ETA) on stdout; with the
     trainer's progress bar on and stdout not a terminal, also a line every ``progress_every`` steps
@@ -444,6 +502,10 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         window = RESIDUE_WINDOW if task == "residue" else 0
     if head_init not in ("probe", "random"):
         raise UserError(f"head_init={head_init!r}: choose probe or random")
+    choices = ("auto", "loss", *SELECT_BY.get(task, ()))
+    if select_by not in choices:
+        raise UserError(f"select_by={select_by!r}: for task={task} choose one of {', '.join(choices)}")
+    select_by = SELECT_BY[task][0] if select_by == "auto" and task in SELECT_BY else select_by
     if schedule not in ("constant", "linear"):
         raise UserError(f"schedule={schedule!r}: choose constant or linear (warmup, then down to 0 at the last epoch)")
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
@@ -459,7 +521,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             ex.split = ["train"] * len(ex.split)
         ex = Examples(ex.ids + more.ids, ex.seqs + more.seqs, ex.labels + more.labels,
                       ex.split + ["test"] * len(more.ids))
-    split = assign_splits(ex, valid_fraction, test_fraction, seed, str(labels))
+    split = assign_splits(ex, valid_fraction, test_fraction, seed, str(labels),
+                          strata=ex.labels if task == "classification" else None)
     # probe's rule: test proteins (by sequence) that the model trains on are refused, or warned of with counts
     check_test_overlap([q for q, s in zip(ex.seqs, split) if s != "test"],
                        [q for q, s in zip(ex.seqs, split) if s == "test"], test_labels or labels)
@@ -509,7 +572,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             and seconds is None:
         raise UserError("schedule=linear falls to 0 at the last step: set trainer.max_epochs, trainer.max_steps or "
                         "trainer.max_time, or use schedule=constant")
-    module = _lightning_module(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds)
+    module = _lightning_module(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by)
     settings["enable_progress_bar"], progress = lightning_progress(
         settings.get("enable_progress_bar", True), "finetune", every=progress_every, seconds=progress_seconds,
         epochs=True)
@@ -524,10 +587,15 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             pl.seed_everything(seed, verbose=False)
             start = time.perf_counter()
-            probe = probe_head_init(net, data["train"], max_tokens, scale, seed) if head_init == "probe" else None
+            random_head = {k: v.clone() for k, v in net.head.state_dict().items()}
+            probe = (probe_head_init(net, data["train"], max_tokens, scale, seed)  # the baseline
+                     if probe_baseline or head_init == "probe" else None)
             valid = _loader(data["valid"], tok.pad_id, max_tokens)
-            if head_init == "probe":  # the start is a candidate for the best weights too
+            if probe is not None:  # the probe is a candidate for the kept weights (head_init=probe: the start)
+                module.stage = "probe"
                 fit.validate(module, valid, verbose=False)
+            if head_init == "random":
+                net.head.load_state_dict(random_head)
             net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
             fit.fit(module, _loader(data["train"], tok.pad_id, max_tokens, train=True, seed=seed), valid)
             seconds = time.perf_counter() - start
@@ -544,10 +612,12 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
                           epochs=int(fit.current_epoch), train_seconds=round(seconds, 2),
                           best_val_loss=module.best_loss if module.best is not None else None,
-                          head_init=head_init, probe=probe, best_epoch=module.best_epoch)
+                          head_init=head_init, probe=probe, best_epoch=module.best_epoch,
+                          selection=selection_summary(module.candidates, module.best_name, select_by))
             meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
                     "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
+                    "select_by": select_by,
                     "lora": {"rank": lora_rank, "alpha": float(lora_alpha), "dropout": float(lora_dropout)} if lora else None,
                     "model": encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
@@ -613,13 +683,35 @@ def baseline(task: str, train: list, test: list) -> dict:
     return {"accuracy": sum(y == top for y in test) / len(test)}
 
 
+def selection_summary(candidates: list[dict], kept: str | None, by: str) -> dict:
+    """What metrics.json says about the choice: every validated candidate, the one kept, and the kept
+    one's margin over the probe on the validation split (by ``by``; the test split chose nothing)."""
+    summary = {"by": by, "split": "valid", "kept": kept, "candidates": candidates}
+    probe = next((c for c in candidates if c["name"] == "probe"), None)
+    best = next((c for c in candidates if c["name"] == kept), None)
+    if probe is not None and best is not None and by in best:
+        summary["over_probe"] = best[by] - probe[by]
+    return summary
+
+
 def format_metrics(result: dict) -> str:
     keys = [k for k in ("accuracy", "mcc", "auroc", "macro_f1", "spearman", "pearson", "rmse", "q3",
                         "residue_accuracy") if result.get(k) is not None]
     main = ", ".join(f"{k} {result[k]:.4f}" for k in keys)
     base = ", ".join(f"{k} {v:.4f}" for k, v in result["baseline"].items())
+    sel = result.get("selection") or {}
+    kept = next((c for c in sel.get("candidates", []) if c["name"] == sel.get("kept")), None)
+    choice = ""
+    if kept is not None:
+        value = kept.get(sel["by"], kept["loss"])
+        choice = f"\nkept: {sel['kept']} (valid {sel['by']} {value:.4f}"
+        if "over_probe" in sel and sel["kept"] != "probe":
+            choice += f", {sel['over_probe']:+.4f} over the linear probe"
+        elif sel["kept"] == "probe":
+            choice += ": no epoch beat the linear probe"
+        choice += ")"
     return (f"test ({result['n']} proteins): {main}; constant predictor: {base}\n"
-            f"{result['steps']} steps, {result['epochs']} epochs, {result['train_seconds']:.1f} s")
+            f"{result['steps']} steps, {result['epochs']} epochs, {result['train_seconds']:.1f} s{choice}")
 
 
 # --- outputs ----------------------------------------------------------------------------

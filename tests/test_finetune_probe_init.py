@@ -109,9 +109,11 @@ def test_probed_residue_head_gives_the_probes_probabilities(ckpt):
 
 
 # learning rates 0: the weights cannot move; 5 / 50: every epoch wrecks them, so only keeping the
-# validated start gives the probe's predictions
+# validated probe gives the probe's predictions; head_init=random too (issue 45: the default never ends
+# below its own linear probe: the probe is fitted and validated whatever the start)
+@pytest.mark.parametrize("head_init", ["probe", "random"])
 @pytest.mark.parametrize("rates", [("0", "0"), ("5", "50")])
-def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, capsys, rates):
+def test_a_finetune_that_cannot_improve_keeps_the_probe(ckpt, tmp_path, capsys, rates, head_init):
     seqs = proteins(150, seed=3)
     label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
     rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
@@ -120,13 +122,19 @@ def test_a_finetune_that_cannot_improve_keeps_the_probed_start(ckpt, tmp_path, c
     with open(labels, "w", newline="") as fh:
         csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
     out = tmp_path / "out"
-    code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
-                                f"output_dir={out}", "head_init=probe", f"lr={rates[0]}", f"head_lr={rates[1]}",
-                                "weight_decay=0", "dropout=0.0",
+    code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={out}", f"head_init={head_init}", f"lr={rates[0]}",
+                                f"head_lr={rates[1]}", "weight_decay=0", "dropout=0.0",
                                 "trainer.max_epochs=2", "max_tokens=1200")
     assert code == 0, err
     m = json.loads((out / "metrics.json").read_text())
-    assert m["head_init"] == "probe" and m["best_epoch"] == 0
+    assert m["head_init"] == head_init and m["best_epoch"] == 0
+    sel = m["selection"]
+    assert sel["by"] == "accuracy" and sel["split"] == "valid" and sel["kept"] == "probe"
+    names = [c["name"] for c in sel["candidates"]]
+    assert names[0] == "probe" and names[1:] == [f"epoch {e + 1}" for e in range(len(names) - 1)]
+    assert all(c["accuracy"] <= sel["candidates"][0]["accuracy"] for c in sel["candidates"])
+    assert "kept: probe (valid accuracy" in stdout and "no epoch beat the linear probe" in stdout
 
     train = [r for r in rows if r[3] == "train"]
     test = [r for r in rows if r[3] == "test"]
@@ -175,3 +183,57 @@ def test_window_is_refused_where_it_means_nothing(ckpt):
         FineTuneNet(ckpt[0].model.encoder, "classification", 2, window=3)
     with pytest.raises(UserError, match="window=-1"):
         FineTuneNet(ckpt[0].model.encoder, "residue", 3, window=-1)
+
+
+def test_the_kept_weights_are_the_best_on_validation_by_the_task_metric(ckpt, tmp_path, capsys):
+    """A fine-tune that can learn: every candidate's validation accuracy in metrics.json is recomputed here
+    from the saved candidates' rule (the kept one has the highest accuracy, ties to the lower loss, then the
+    earlier); the closing line names it and its margin over the probe."""
+    seqs = proteins(200, seed=5)
+    label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
+    rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
+            for k, s in enumerate(seqs)]
+    labels = tmp_path / "labels.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                    f"output_dir={tmp_path / 'out'}", "lr=3e-3", "head_lr=1e-2", "dropout=0.0",
+                                    "trainer.max_epochs=4", "max_tokens=1200", "patience=10", "select_by=mcc")
+    assert code == 0, err
+    sel = json.loads((tmp_path / "out" / "metrics.json").read_text())["selection"]
+    assert sel["by"] == "mcc" and [c["name"] for c in sel["candidates"]][:2] == ["probe", "epoch 1"]
+    ranked = sorted(enumerate(sel["candidates"]), key=lambda ic: (-ic[1]["mcc"], ic[1]["loss"], ic[0]))
+    assert sel["kept"] == ranked[0][1]["name"]
+    probe = sel["candidates"][0]["mcc"]
+    assert sel["over_probe"] == pytest.approx(ranked[0][1]["mcc"] - probe) and sel["over_probe"] >= 0
+    line = next(x for x in stdout.splitlines() if x.startswith("kept: "))
+    assert line.startswith(f"kept: {sel['kept']} (valid mcc {ranked[0][1]['mcc']:.4f}")
+
+
+def test_selection_metric_matches_sklearn_and_scipy():
+    from scipy.stats import spearmanr
+    from sklearn.metrics import f1_score, matthews_corrcoef
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    y = torch.tensor([0, 1, 1, 0, 2])
+    pred = [0, 1, 2, 0, 1]
+    assert FT.selection_metric("classification", "accuracy", logits, y) == 3 / 5
+    assert FT.selection_metric("classification", "macro_f1", logits, y) == pytest.approx(
+        f1_score(y.numpy(), pred, average="macro"))
+    assert FT.selection_metric("classification", "mcc", logits, y) == pytest.approx(matthews_corrcoef(y.numpy(), pred))
+    values, target = torch.tensor([[0.1], [0.4], [0.2], [0.9]]), torch.tensor([1.0, 3.0, 2.0, 2.5])
+    assert FT.selection_metric("regression", "spearman", values, target) == pytest.approx(
+        spearmanr([0.1, 0.4, 0.2, 0.9], [1.0, 3.0, 2.0, 2.5]).statistic)   # 0.8
+    assert np.isnan(FT.selection_metric("regression", "spearman", torch.ones(4, 1), target))
+
+
+def test_a_held_out_validation_share_is_drawn_per_class(caplog):
+    """No valid rows: a seeded valid_fraction of each class of the training proteins (90 'a', 30 'b', 10 %:
+    9 and 3), said in one line; the test rows are never drawn from."""
+    import logging
+    labels = ["a"] * 90 + ["b"] * 30 + ["a"] * 20
+    ex = FT.Examples([f"p{k}" for k in range(140)], ["MKV"] * 140, labels, ["train"] * 120 + ["test"] * 20)
+    with caplog.at_level(logging.INFO, logger="protein_performer"):
+        split = FT.assign_splits(ex, 0.1, 0.2, seed=0, source="l.csv", strata=labels)
+    valid = [labels[i] for i in np.flatnonzero(split == "valid")]
+    assert sorted(valid) == ["a"] * 9 + ["b"] * 3 and (split[120:] == "test").all()
+    assert "no valid split given: 12 of the 120 training proteins held out for validation" in caplog.text

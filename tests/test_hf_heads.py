@@ -56,7 +56,7 @@ def finetuned(ckpt, tmp_path_factory):
             d = tmp_path_factory.mktemp(f"{task}-{pooling}-{window}")
             ft, out = d / "ft", d / "export"
             FT.finetune(ckpt, write_labels(d / "labels.csv", task), task, ft, pooling=pooling, lr=1e-2,
-                        head_lr=0.1, window=window, head_init="random",  # trained weights, not the probed start
+                        head_lr=0.1, window=window, head_init="random", probe_baseline=False,  # trained weights, not the probe
                         trainer={"max_steps": 3, "enable_progress_bar": False})
             made[task, pooling, window] = ft, export(ft, out)
         return made[task, pooling, window]

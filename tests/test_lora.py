@@ -126,7 +126,8 @@ def test_finetune_with_lora_changes_only_adapted_weights_by_rank_r(task, tmp_pat
     rank = 2
     code, _, err = run_command("finetune", capsys, f"ckpt={ckpt}", f"labels={labels}", "task=classification",
                                f"output_dir={out}", "lora=true", f"lora_rank={rank}", "lora_alpha=4",
-                               "lr=1e-2", "head_lr=1e-2", "trainer.max_steps=15", "max_tokens=800", "patience=20")
+                               "lr=1e-2", "head_lr=1e-2", "trainer.max_steps=15", "max_tokens=800", "patience=20",
+                               "probe_baseline=false")  # the adapted weights are what is tested
     assert code == 0, err
     meta = json.loads((out / "finetune.json").read_text())
     assert meta["lora"] == {"rank": rank, "alpha": 4.0, "dropout": 0.0}
