@@ -41,9 +41,9 @@ def converted(size: str, kernel: str):
     layers, dim, heads = SHAPES[size]
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=len(ESM_TOKENS), vocabulary="esm", qkv_bias=True, lm_head="esm",
-                         rotary_inv_freq="float32", position="rotary", dim=dim, depth=layers, heads=heads,
-                         ff_mult=4, norm_eps=1e-5, token_dropout=True, dropout=0.0,
-                         attention=AttentionConfig(kernel=kernel))
+                         rotary_inv_freq="float32", position="rotary", rotary_base=10000.0, dim=dim, depth=layers,
+                         heads=heads, ff_mult=4, norm_eps=1e-5, token_dropout=True, dropout=0.0,
+                         attention=AttentionConfig(kernel=kernel, local_heads=0))
     return PerformerLM(config).eval()
 
 

@@ -53,7 +53,8 @@ def build(kernel: str, args) -> PerformerLM:
     """The FAVOR+ model as `conf/model/performer.yaml` builds it (local heads included); the KV-cache
     baseline is exact softmax in every head, as `model=transformer`."""
     torch.manual_seed(0)
-    local = {} if kernel == "exact" else dict(local_heads=args.local_heads, local_window=args.local_window)
+    local = dict(local_heads=0) if kernel == "exact" else dict(local_heads=args.local_heads,
+                                                                local_window=args.local_window)
     model = PerformerLM(vocab_size=TOK.vocab_size, dim=args.dim, depth=args.depth, heads=args.heads, causal=True,
                         dropout=0.0, attention=dict(kernel=kernel, nb_features=args.nb_features,
                                                     chunk_size=128, redraw_interval=0, **local))

@@ -192,9 +192,9 @@ def read_esm(path) -> tuple[dict, dict, dict]:
 def build(settings: dict, tensors: dict, attention: dict | None, where: str) -> PerformerLM:
     """The PerformerLM of ESM's settings with ``attention`` (default exact), ESM's tensors loaded;
     every parameter must come from ESM (the attention's own buffers come from the kernel)."""
-    att = {"kernel": "exact", **(attention or {})}
+    att = {"kernel": "exact", "local_heads": 0, **(attention or {})}  # ESM-2's heads all see the whole protein
     config = ModelConfig(vocab_size=len(ESM_TOKENS), vocabulary="esm", qkv_bias=True, lm_head="esm",
-                         rotary_inv_freq="float32", position="rotary",
+                         rotary_inv_freq="float32", position="rotary", rotary_base=10000.0,  # ESM-2's
                          attention=AttentionConfig(**_known_attention(att)), **settings)
     with torch.device("meta"):  # shapes only: a small file whose config claims a huge model allocates nothing
         model = PerformerLM(config)
@@ -230,10 +230,10 @@ def convert(input, output, overwrite: bool = False, attention: dict | None = Non
     model = build(settings, tensors, attention, str(src))
     config = export_config(model.config, {"objective": "mlm"}, None)
     config["converted_from"] = source
-    return write_model_dir(out, model, config, model_card(config, model, source), overwrite=overwrite)
+    return write_model_dir(out, model, config, converted_card(config, model, source), overwrite=overwrite)
 
 
-def model_card(config: dict, model: PerformerLM, source: dict) -> str:
+def converted_card(config: dict, model: PerformerLM, source: dict) -> str:
     att = config["attention"]
     n = sum(p.numel() for p in model.parameters())
     exact = att["kernel"] == "exact"

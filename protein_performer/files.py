@@ -88,13 +88,14 @@ def process_alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, *, fixed_temp: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block ends without error, rename it
     over ``path`` (a file or a folder); on error, remove it. The old ``path`` stays until the
-    new one is whole."""
+    new one is whole. ``fixed_temp``: the temporary is ``<name>.tmp``, not hidden and per process,
+    for a writer that holds its output's lock (data preparation): a rerun replaces what a kill left."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
+    tmp = path.with_name(path.name + ".tmp") if fixed_temp else temp_path(path)
     remove_path(tmp)
     try:
         yield tmp
@@ -117,18 +118,19 @@ def remove_path(p: str | Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def write_bytes(path: str | Path, data: bytes) -> Path:
-    with atomic_path(path) as tmp:
+def write_bytes(path: str | Path, data: bytes, *, fixed_temp: bool = False) -> Path:
+    with atomic_path(path, fixed_temp=fixed_temp) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    return write_bytes(path, text.encode())
+def write_text(path: str | Path, text: str, *, fixed_temp: bool = False) -> Path:
+    return write_bytes(path, text.encode(), fixed_temp=fixed_temp)
 
 
-def write_json(path: str | Path, obj, indent: int | None = 1) -> Path:
-    return write_text(path, json.dumps(obj, indent=indent) + "\n")
+def write_json(path: str | Path, obj, indent: int | None = 1, *, fixed_temp: bool = False) -> Path:
+    """``obj`` as JSON (and a newline), written whole or not at all (:func:`atomic_path`)."""
+    return write_text(path, json.dumps(obj, indent=indent) + "\n", fixed_temp=fixed_temp)
 
 
 # --- locks ------------------------------------------------------------------------------

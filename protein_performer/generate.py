@@ -103,7 +103,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, 
     return torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-def check_settings(max_length: int, min_length: int, temperature: float, top_k: int, top_p: float,
+def check_generate_settings(max_length: int, min_length: int, temperature: float, top_k: int, top_p: float,
                    num_samples: int, batch_size: int | None) -> None:
     """Raise :class:`GenerationError` with one line for any invalid setting."""
     if num_samples < 1:
@@ -212,7 +212,7 @@ def generate(model, num_samples: int = 1, max_length: int = 100, min_length: int
     for the length, eos and scoring rules.
     """
     tokenizer = tokenizer or Tokenizer()
-    check_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
+    check_generate_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
     if not getattr(model, "causal", False):
         raise GenerationError("generation needs a causal model (trained with objective=clm); "
                               "this one is bidirectional (objective=mlm)")
@@ -377,7 +377,7 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
     guard = OutputGuard("generate", {"ckpt": ckpt or None}, overwrite=overwrite)
     guard.file("output", output)
     guard.file("output (its report)", json_path)
-    check_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
+    check_generate_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
     try:
         dev = resolve_device(device)
     except ValueError as e:
@@ -409,4 +409,4 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
 
 __all__ = ["Sample", "GenerationError", "filter_logits", "sample_next", "generate", "residue_frequencies",
            "composition_report", "likelihood_summary", "write_fasta", "load_generator", "run",
-           "encode_prompt", "check_settings", "format_report", "report_path", "resolve_device"]
+           "encode_prompt", "check_generate_settings", "format_report", "report_path", "resolve_device"]

@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -107,56 +107,81 @@ class Labels:
     skipped: dict = field(default_factory=dict)
 
 
-#: label cells that mean "no label": the row is skipped and counted, with a warning
+#: label cells that mean "no label" (probe skips and counts such rows; finetune refuses them)
 MISSING = {"", "na", "n/a", "nan", "null", "none"}
+#: the columns a label table may have (``sequence`` and ``seq`` are one column under two names)
+LABEL_COLUMNS = ("id", "seq", "sequence", "label", "split")
+
+
+class LabelRow(NamedTuple):
+    line: int
+    id: str                 # the id column, else sequence_id(seq)
+    seq: str | None         # stripped; None without a sequence column
+    label: str              # stripped
+    split: str | None       # lower-cased; None without a split column
+
+
+def label_rows(path: Path, check_header: Callable[[list[str], dict[str, int]], None]) -> Iterator[LabelRow]:
+    """The rows of a label table (CSV or TSV, gzipped or not; the one reader of probe and finetune):
+    columns ``label``, ``id`` and/or ``sequence`` (or ``seq``; ``sequence`` when there are both),
+    optionally ``split``, in file order; rows of blank cells are skipped.  ``check_header(header,
+    columns)`` (lower-cased names; name -> index) refuses a header its caller cannot use; a row of
+    another number of cells than the header, or a file that is no CSV, is one line naming file and line."""
+    reader = csv_reader(path)
+    try:
+        header = [h.strip().lower() for h in next(reader, [])]
+        col = {name: header.index(name) for name in LABEL_COLUMNS if name in header}
+        check_header(header, col)
+        seq = col.get("sequence", col.get("seq"))
+        for row in reader:
+            if not any(c.strip() for c in row):
+                continue
+            n = reader.line_num
+            if len(row) != len(header):
+                raise UserError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
+            s = row[seq].strip() if seq is not None else None
+            yield LabelRow(n, row[col["id"]].strip() if "id" in col else sequence_id(s), s,
+                           row[col["label"]].strip(), row[col["split"]].strip().lower() if "split" in col else None)
+    except csv.Error as e:
+        raise UserError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
 
 
 def read_labels(path: str | Path) -> Labels:
-    """A label table: columns ``label`` and ``id`` and/or ``seq`` (optionally ``split``).
+    """A label table (:func:`label_rows`): columns ``label`` and ``id`` and/or ``seq`` (optionally ``split``).
     Rows with an empty sequence or a missing label (:data:`MISSING`) are counted, not fatal;
     a protein listed twice is counted once, and with two different labels is an error
     naming both lines."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"labels {path}: no such file")
+
+    col: dict[str, int] = {}
+
+    def check_header(header: list[str], columns: dict[str, int]) -> None:
+        if "label" not in columns or not ({"id", "seq", "sequence"} & columns.keys()):
+            raise UserError(f"{path}:1: header {header[:8]} needs a 'label' column and an 'id' or 'seq' column")
+        col.update(columns)
+
     ids, labels, seqs, split, skipped = [], [], [], [], {"empty": 0, "duplicate": 0}
     first: dict[str, tuple[int, str]] = {}  # id -> (line, label)
-    reader = csv_reader(path)
-    try:
-        header = [h.strip().lower() for h in next(reader, [])]
-        col = {name: header.index(name) for name in ("id", "seq", "sequence", "label", "split") if name in header}
-        if "sequence" in col and "seq" not in col:
-            col["seq"] = col["sequence"]
-        if "label" not in col or not ({"id", "seq"} & col.keys()):
-            raise UserError(f"{path}:1: header {header[:8]} needs a 'label' column and an 'id' or 'seq' column")
-        for row in reader:
-            if not row:
-                continue
-            n = reader.line_num
-            if len(row) < len(header):
-                raise UserError(f"{path}:{n}: expected {len(header)} columns, got {len(row)}")
-            label = row[col["label"]].strip()
-            seq = row[col["seq"]].strip() if "seq" in col else None
-            if label.lower() in MISSING or (seq is not None and not seq):
-                skipped["empty"] += 1
-                continue
-            rid = row[col["id"]].strip() if "id" in col else sequence_id(seq)
-            if repeated(first, rid, label, f"{path}:{n}"):
-                skipped["duplicate"] += 1
-                continue
-            ids.append(rid)
-            labels.append(label)
-            seqs.append(seq)
-            split.append(row[col["split"]].strip().lower() if "split" in col else None)
-    except csv.Error as e:
-        raise UserError(f"{path}:{reader.line_num}: not a readable CSV file ({e})") from e
+    for r in label_rows(path, check_header):
+        if r.label.lower() in MISSING or (r.seq is not None and not r.seq):
+            skipped["empty"] += 1
+            continue
+        if repeated(first, r.id, r.label, f"{path}:{r.line}"):
+            skipped["duplicate"] += 1
+            continue
+        ids.append(r.id)
+        labels.append(r.label)
+        seqs.append(r.seq)
+        split.append(r.split)
     if not ids:
         raise UserError(f"{path}: no labeled rows")
     if any(skipped.values()):
         log.warning("%s: skipped %d rows without a label or sequence and %d repeated rows", path,
                     skipped["empty"], skipped["duplicate"])
-    return Labels(ids, labels, seqs if "seq" in col else None, split if "split" in col else None,
-                  str(path), skipped)
+    has_seq = bool({"seq", "sequence"} & col.keys())
+    return Labels(ids, labels, seqs if has_seq else None, split if "split" in col else None, str(path), skipped)
 
 
 def repeated(first: dict, rid: str, label, where: str, conflicts: str = "refuse") -> bool:
@@ -282,12 +307,16 @@ def _chosen(pipe) -> dict:
 
 def fit_and_score(task: str, X_train, y_train, X_test=None, y_test=None, folds: int = 5, seed: int = 0) -> dict:
     """Fit and score on the test rows, or by outer K-fold CV when there are none."""
+    import warnings
+
     from sklearn.model_selection import KFold, StratifiedKFold, cross_val_predict
-    if X_test is not None:
-        pipe = make_probe(task, folds, seed).fit(X_train, y_train)
-        return {**scores(task, y_test, pipe.predict(X_test)), **_chosen(pipe)}
-    outer = (StratifiedKFold if task == "classification" else KFold)(folds, shuffle=True, random_state=seed)
-    pred = cross_val_predict(make_probe(task, folds, seed), X_train, y_train, cv=outer)
+    with warnings.catch_warnings():  # rare classes: said once by check_split, not once per fold by sklearn
+        warnings.filterwarnings("ignore", message="The least populated class in y has only")
+        if X_test is not None:
+            pipe = make_probe(task, folds, seed).fit(X_train, y_train)
+            return {**scores(task, y_test, pipe.predict(X_test)), **_chosen(pipe)}
+        outer = (StratifiedKFold if task == "classification" else KFold)(folds, shuffle=True, random_state=seed)
+        pred = cross_val_predict(make_probe(task, folds, seed), X_train, y_train, cv=outer)
     return scores(task, y_train, pred)
 
 
@@ -431,9 +460,9 @@ def check_split(gathered: list, task: str, train_source, test_source, folds: int
         vals, counts = np.unique(y, return_counts=True)
         if counts.max() < need:
             raise UserError(f"labels {train_source}: no class has {need} training proteins (the largest, "
-                            f"{vals[np.argmax(counts)]!r}, has {counts.max()}); the probe's {folds}-fold "
+                            f"{str(vals[np.argmax(counts)])!r}, has {counts.max()}); the probe's {folds}-fold "
                             f"stratified cross-validation needs that many (lower folds=, or label more proteins)")
-        rare = [f"{v!r} ({c})" for v, c in zip(vals, counts) if c < need]
+        rare = [f"{str(v)!r} ({c})" for v, c in zip(vals, counts) if c < need]  # 'c', not np.str_('c')
         if rare:
             log.warning("classes with fewer training proteins than the %d folds need: %s; their scores are "
                         "unreliable", need, ", ".join(rare[:5]) + (", ..." if len(rare) > 5 else ""))

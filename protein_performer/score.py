@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .data.sampler import MAX_TOKENS, token_budget_batches
+from .device import precision_dtype
 from .errors import UserError
 from .files import write_json, write_text
 from .output_guard import OutputGuard
@@ -242,11 +243,10 @@ class Scorer:
     unmasked forward, and the causal ratio in RNN mode."""
 
     def __init__(self, loaded, max_tokens: int = MAX_TOKENS, rnn_batch: int = 256, precision: str = "32"):
-        from .embed.settings import dtype as _dtype
         self.net, self.tokenizer, self.kernel = loaded.net, loaded.tokenizer, loaded.kernel
         self.max_tokens, self.rnn_batch = int(max_tokens), int(rnn_batch)
         self.device = next(self.net.parameters()).device
-        self.dtype = _dtype(precision)
+        self.dtype = precision_dtype(precision)
 
     def ids(self, seq: str) -> np.ndarray:
         return self.tokenizer.encode(seq).astype(np.int64)

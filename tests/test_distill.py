@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
@@ -150,6 +151,9 @@ def test_train_init_from_a_checkpoint_and_distil(tmp_path, small_fasta):
     run(tmp_path / "zero", small_fasta, *start, "trainer.max_steps=0")
     zero = load_checkpoint(str(tmp_path / "zero" / "checkpoints" / "last.ckpt"))
     assert zero.hparams.model["attention"]["kernel"] == "elu" and zero.hparams.model["dim"] == 32
+    # the run folder's config.yaml records that architecture, not the composed defaults (dim 128, depth 4)
+    recorded = OmegaConf.load(tmp_path / "zero" / "config.yaml").model
+    assert (recorded.dim, recorded.depth, recorded.heads, recorded.attention.kernel) == (32, 2, 2, "elu")
     want = teacher.model.state_dict()
     assert all(torch.equal(v, want[k]) for k, v in zero.model.state_dict().items() if "_extra_state" not in k)
     # three steps, with and without the teacher: the distillation terms change the update

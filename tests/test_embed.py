@@ -21,6 +21,7 @@ from protein_performer.embed.h5 import H5Output
 from protein_performer.errors import UserError
 from protein_performer.formats.tabular import sequence_id
 from protein_performer.data.sampler import token_budget_batches
+from protein_performer.device import precision_dtype
 from protein_performer.hub.load import load_model
 from protein_performer.formats.fasta import read_fasta
 from protein_performer.training.task import ProteinLM
@@ -130,7 +131,7 @@ def test_layers_and_options():
     with pytest.raises(ValueError, match="pooling"):
         settings.resolve_pooling("sum")
     with pytest.raises(ValueError, match="precision"):
-        settings.dtype("8")
+        precision_dtype("8")
 
 
 def test_package_level_function_and_cheap_import(records):

@@ -144,7 +144,7 @@ def test_checkpoint_qkv_are_what_the_layers_attend_with(tmp_path):
 
     from conftest import save_checkpoint
     torch.manual_seed(0)
-    task = ProteinLM(model=dict(dim=32, depth=2, heads=2, attention=dict(kernel="exact")))
+    task = ProteinLM(model=dict(dim=32, depth=2, heads=2, attention=dict(kernel="exact", local_heads=0)))
     ckpt = save_checkpoint(task, tmp_path / "tiny.ckpt")
     layers, model, tokens = fidelity.checkpoint_qkv(ckpt, proteins=2, max_len=48)
     outs = []

@@ -19,7 +19,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, roc_auc
 
 from protein_performer import finetune as FT
 from protein_performer.errors import UserError
-from protein_performer.hub.export import load_finetuned
+from protein_performer.hub.load import load_finetuned
 from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
@@ -316,8 +316,8 @@ def test_linear_schedule_warms_up_then_falls_to_zero_at_the_last_step():
     import pytorch_lightning as pl
     torch.manual_seed(0)
     net = FT.FineTuneNet(ProteinLM(model=TINY_MODEL).model.encoder, "classification", 2, "mean", 0.0)
-    module = FT._lightning_module(net, lr=1e-3, head_lr=1e-2, weight_decay=0.0, scale=(0.0, 1.0),
-                                  schedule="linear", warmup=0.2)
+    module = FT.FineTuner(net, lr=1e-3, head_lr=1e-2, weight_decay=0.0, scale=(0.0, 1.0),
+                          schedule="linear", warmup=0.2)
     tok = Tokenizer()
     rng = random.Random(0)
     data = FT.Encoded([tok.encode(protein(rng)) for _ in range(20)], [k % 2 for k in range(20)])

@@ -126,24 +126,31 @@ def test_generated_logits_and_likelihood_match_parallel_forward_with_prompt(kern
 
 
 def test_state_size_constant_for_linear_kernels_and_growing_kv_cache_for_exact():
+    """Linear kernels (with the default local head, window 128): the state stops growing once the local
+    cache holds window - 1 positions; exact attention (every head global, as model=transformer): a KV
+    cache that grows with every token."""
     def nbytes(state):
-        return sum(t.numel() * t.element_size() for layer in state["layers"] for t in layer.values()
-                   if isinstance(t, torch.Tensor))
+        flat = [t for layer in state["layers"] for v in layer.values() for t in (v if isinstance(v, tuple) else (v,))]
+        return sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
 
     tokens = torch.full((2,), TOK.aa_offset)
-    for kernel, grows in (("softmax", False), ("elu", False), ("exact", True)):
-        model = make_task(kernel).model
+    for kernel, local in (("softmax", 1), ("elu", 1), ("exact", 0)):
+        torch.manual_seed(0)
+        model = ProteinLM(model=dict(dim=32, depth=2, heads=2, max_positions=64, dropout=0.0,
+                                     attention=dict(kernel=kernel, nb_features=16, local_heads=local)),
+                          objective="clm").model.eval()
         state = model.init_state(2)
         sizes = []
-        for _ in range(50):
+        for _ in range(160):
             _, state = model.step(tokens, state)
             sizes.append(nbytes(state))
-        assert (sizes[-1] > sizes[0]) == grows
-        if grows:  # 2 (k, v) x depth x B x H x pos x head_dim x 4 bytes
-            assert sizes[-1] == 2 * 2 * 2 * 2 * 50 * 16 * 4
-        else:  # S (B,H,r,d) + Z (B,H,r) + running key log-scale m (B,H,1) per layer, fp32
+        if kernel == "exact":  # 2 (k, v) x depth x B x H x pos x head_dim x 4 bytes
+            assert sizes[49] == 2 * 2 * 2 * 2 * 50 * 16 * 4 and sizes[-1] > sizes[49]
+        else:  # per layer, fp32: S (B,1,r,d) + Z (B,1,r) + running key log-scale m (B,1,1) of the kernel head,
+            # and the local head's k, v of the last window - 1 = 127 positions (B,1,127,d)
             r = model.blocks[0].attn.num_features
-            assert sizes[-1] == sizes[0] == 2 * (2 * 2 * r * 16 + 2 * 2 * r + 2 * 2) * 4
+            assert sizes[-1] == sizes[130] == 2 * ((2 * r * 16 + 2 * r + 2) * 4 + 2 * 2 * 127 * 16 * 4)
+            assert sizes[50] < sizes[130]
 
 
 # --- sampling filters against hand-made distributions ---------------------------------------------

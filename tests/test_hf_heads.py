@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from protein_performer import finetune as FT
-from protein_performer.hub.export import load_finetuned
+from protein_performer.hub.load import load_finetuned
 from protein_performer.data.collate import pad_batch
 from protein_performer.training.task import ProteinLM
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 pytest.importorskip("peft")
 
 from protein_performer import finetune as FT  # noqa: E402
-from protein_performer.hub.export import load_finetuned  # noqa: E402
+from protein_performer.hub.load import load_finetuned  # noqa: E402
 from protein_performer.training.task import ProteinLM  # noqa: E402
 
 from conftest import TINY_MODEL, run_command, save_checkpoint  # noqa: E402

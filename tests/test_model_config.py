@@ -84,3 +84,85 @@ def test_nb_features_has_one_default():
         defaults.add(inspect.signature(f).parameters["nb_features"].default)
     assert defaults == {fm.NB_FEATURES} == {64}
     assert Attention(32, 2).num_features == 64  # the model's FAVOR+ gets what the config says
+
+
+# --- one truth for the defaults, and the files saved under the old ones (issue 43, item 4) ---------------
+def test_the_dataclass_defaults_are_the_base_configs(root):
+    """ModelConfig() is conf/model/base.yaml: every key the file sets has the dataclass's value."""
+    from dataclasses import asdict
+    base = dict(compose_model(root, "model=base"))
+    base.pop("name")
+    ours = asdict(ModelConfig())
+    for key, value in base.items():
+        if key == "attention":
+            assert {k: ours["attention"][k] for k in value} == dict(value)
+        else:
+            assert ours[key] == value, key
+
+
+def test_migrate_fills_what_version_1_left_out():
+    from protein_performer.model.config import CONFIG_VERSION, migrate
+    old = {"dim": 32, "attention": {"kernel": "softmax"}}                      # as written before the version key
+    assert migrate(old) == {"dim": 32, "attention": {"kernel": "softmax", "local_heads": 0},
+                            "rotary_base": 10000.0, "config_version": CONFIG_VERSION}
+    kept = {"dim": 32, "rotary_base": 500.0, "attention": {"local_heads": 2}}  # what a file says stands
+    assert migrate(kept)["rotary_base"] == 500.0 and migrate(kept)["attention"] == {"local_heads": 2}
+    new = ModelConfig(dim=32, heads=2).to_dict()
+    assert migrate(new) == new                                                  # the current version: as it is
+    with pytest.raises(UserError, match=r"^ckpt: config_version 3: written by another protein-performer"):
+        migrate({**new, "config_version": 3}, "ckpt")
+
+
+def _old_task():
+    """A model as version 1 built it from a partial dict: RoFormer's rotary base, no local heads."""
+    import torch
+    torch.manual_seed(0)
+    task = ProteinLM(model=dict(dim=32, depth=2, heads=2, dropout=0.0, rotary_base=10000.0,
+                                attention=dict(kernel="softmax", nb_features=16, local_heads=0))).eval()
+    with torch.no_grad():
+        for p in task.model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    return task
+
+
+def test_a_version_1_checkpoint_loads_as_it_was_trained(tmp_path):
+    """A checkpoint whose hyperparameters hold the partial model dict of version 1 (no config_version,
+    no rotary_base, no local_heads) gives the logits of the model it was saved from."""
+    import torch
+
+    from conftest import save_checkpoint
+    from protein_performer.training.task import load_checkpoint
+    task = _old_task()
+    path = save_checkpoint(task, tmp_path / "old.ckpt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["hyper_parameters"]["model"] = {"dim": 32, "depth": 2, "heads": 2, "dropout": 0.0,
+                                         "attention": {"kernel": "softmax", "nb_features": 16}}
+    torch.save(ckpt, path)
+    loaded = load_checkpoint(path)
+    assert loaded.model.config.rotary_base == 10000.0 and loaded.model.config.attention.local_heads == 0
+    tokens = torch.randint(4, 24, (2, 40))
+    torch.testing.assert_close(loaded.model(tokens), task.model(tokens), rtol=0, atol=0)
+    fresh = ProteinLM(model={"dim": 32, "depth": 2, "heads": 2})             # a new model: the new defaults
+    assert fresh.model.config.rotary_base == 1e6 and fresh.model.config.attention.local_heads == 1
+    assert fresh.hparams.model["config_version"] == 2
+
+
+def test_a_version_1_export_loads_as_it_was_trained(tmp_path):
+    """An exported directory whose config.json was written by version 1 (no config_version; local_heads
+    left out when 0, rotary_base written) gives the logits of the model it was exported from."""
+    import json
+
+    import torch
+
+    from conftest import save_checkpoint
+    from protein_performer.hub.export import export
+    from protein_performer.hub.load import load_pretrained
+    task = _old_task()
+    out = export(save_checkpoint(task, tmp_path / "m.ckpt"), tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    del config["config_version"], config["attention"]["local_heads"], config["attention"]["local_window"]
+    (out / "config.json").write_text(json.dumps(config))
+    model, _ = load_pretrained(out)
+    assert model.config.attention.local_heads == 0 and model.config.rotary_base == 10000.0
+    tokens = torch.randint(4, 24, (2, 40))
+    torch.testing.assert_close(model(tokens), task.model(tokens), rtol=0, atol=0)

@@ -362,7 +362,7 @@ def test_a_lock_removed_by_its_holder_is_never_held_twice(tmp_path, monkeypatch)
 
 # --- finetune's final writes ---------------------------------------------------------------------
 def test_finetune_cut_short_in_its_final_writes_is_completed_by_the_rerun(world, tmp_path, capsys, monkeypatch):
-    from protein_performer import finetune as FT
+    from protein_performer.finetune import outputs as FT  # the module that writes finetune's files
     out = tmp_path / "ft"
     args = [f"ckpt={world.mlm}", f"labels={world.ft_labels}", "task=classification", f"output_dir={out}",
             "trainer.max_steps=1", "valid_fraction=0.2", "test_fraction=0.4"]

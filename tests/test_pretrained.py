@@ -53,7 +53,9 @@ def make_checkpoint(run_dir, kernel="softmax", objective="mlm", position="rotary
     """A tiny checkpoint whose weights are far from the initialization (so attention matters), whose
     projections are not the ones a fresh model draws (redrawn) and, for FAVOR++, with rho != 0."""
     model = dict(dim=32, depth=2, heads=2, ff_mult=2, dropout=0.1, position=position, max_positions=64,
-                 attention=dict(kernel=kernel, nb_features=16, chunk_size=8, **attention), **(model_settings or {}))
+                 attention={"kernel": kernel, "nb_features": 16, "chunk_size": 8,
+                            "local_heads": 0, **attention},  # every head the kernel's unless a test asks
+                 **(model_settings or {}))
     task = ProteinLM(model=model, objective=objective, aa_frequencies=FREQS)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -128,9 +130,11 @@ def test_config_json_holds_the_model_settings(exported):
                      "AutoModelForCausalLM": "modeling_protein_performer.ProteinPerformerForCausalLM"},
         "objective": "mlm", "vocab_size": 30, "dim": 32, "depth": 2, "heads": 2, "ff_mult": 2, "dropout": 0.1,
         "causal": False, "position": "rotary", "max_positions": 64, "tokenizer_version": 1, "global_step": 37}
-    # the settings given, and the defaults they relied on written out
+    # the settings given, and the defaults they relied on written out, with the config's version
     assert config["attention"] == {"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 1000,
-                                   "orthogonal": True, "relu_projection": True, "run_seed": 0}
+                                   "orthogonal": True, "relu_projection": True, "run_seed": 0, "local_heads": 0,
+                                   "local_window": 128}
+    assert config["config_version"] == 2 and config["rotary_base"] == 1e6
     assert config["aa_frequencies"] == FREQS
     assert (out / "vocab.txt").read_text().split() == list(TOK.tokens)
     assert is_pretrained_dir(out) and not is_pretrained_dir(ckpt) and not is_pretrained_dir(out.parent)

@@ -182,3 +182,24 @@ def test_a_progress_line_per_fitted_probe(tmp_path, caplog):
     done = [r.getMessage() for r in caplog.records if "done in" in r.getMessage()]
     assert [m.split(":")[0] for m in done] == ["probe 1/3 (embedding)", "probe 2/3 (composition)",
                                                "probe 3/3 (shuffled labels)"]
+
+
+def test_a_rare_class_is_one_plain_warning_and_no_sklearn_repeats(caplog):
+    """A class with one training protein: one warning naming it as the file writes it ('c', not
+    np.str_('c')), and none of scikit-learn's per-fold 'least populated class' warnings."""
+    import logging
+    import warnings
+
+    import numpy as np
+
+    from protein_performer.probe import check_split, fit_and_score
+    y = np.array(["a"] * 12 + ["b"] * 12 + ["c"])
+    X = np.random.default_rng(0).normal(size=(len(y), 4)) + (y == "b")[:, None]
+    with caplog.at_level(logging.WARNING, logger="protein_performer"):
+        check_split([(np.arange(len(y)), y)], "classification", "l.csv", "l.csv", folds=3)
+    assert "classes with fewer training proteins than the 4 folds need: 'c' (1)" in caplog.text
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = fit_and_score("classification", X, y, folds=3, seed=0)
+    assert not [w for w in seen if "least populated" in str(w.message)]
+    assert 0 <= result["accuracy"] <= 1

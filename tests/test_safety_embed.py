@@ -34,6 +34,11 @@ from test_embed import h5_contents, run_script, tiny
 AA = "ACDEFGHIKLMNPQRSTVWY"
 
 
+#: float32 outputs of one protein embedded in batches of other lengths (the local head's blocks follow
+#: the batch's padded length, and SDPA's blocked softmax rounds with them): a few 1e-6 on values near 1
+FLOAT_ROUNDING = 1e-5
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return Path(save_checkpoint(tiny(), tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"))
@@ -132,7 +137,8 @@ def test_kill_9_at_seeded_points_then_resume_gives_the_clean_files(ckpt, tmp_pat
     for key in dc:
         assert dw[key].dtype == dc[key].dtype and dw[key].shape == dc[key].shape, key
         if dc[key].dtype.kind == "f":  # only float rounding may depend on the batches of another max_tokens
-            np.testing.assert_allclose(dw[key], dc[key], rtol=0, atol=1e-6, err_msg=key)
+            # (float32; the local head's block follows the batch's padded length: ~1e-6 relative)
+            np.testing.assert_allclose(dw[key], dc[key], rtol=0, atol=FLOAT_ROUNDING, err_msg=key)
         else:
             np.testing.assert_array_equal(dw[key], dc[key], err_msg=key)
     # ... the same .pt files, and the same bookkeeping
@@ -145,7 +151,7 @@ def test_kill_9_at_seeded_points_then_resume_gives_the_clean_files(ckpt, tmp_pat
         for key in sorted(set(a) - {"label"}):
             assert sorted(a[key]) == sorted(b[key]) == [0, 2]
             for layer in a[key]:
-                torch.testing.assert_close(b[key][layer], a[key][layer], rtol=0, atol=1e-6)
+                torch.testing.assert_close(b[key][layer], a[key][layer], rtol=0, atol=FLOAT_ROUNDING)
     journal = {f: json.loads((f / "pt" / ".protein-performer-written.json").read_text()) for f in (clean, work)}
     assert sorted(journal[clean]["written"]) == sorted(journal[work]["written"])
     # nothing else in the folder touched, nothing left over
@@ -179,9 +185,9 @@ def test_interrupted_per_residue_run_resumes_with_other_batches(ckpt, tmp_path, 
     assert s["already_done"] == n_saved and s["embedded"] == 20 - n_saved
     with h5py.File(tmp_path / "e.h5") as f:
         assert [x.decode() for x in f["ids"][:]] == ref["ids"] and sorted(f["per_residue"]) == sorted(ref["ids"])
-        np.testing.assert_allclose(f["mean"][:], ref["mean"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(f["mean"][:], ref["mean"], rtol=0, atol=FLOAT_ROUNDING)
         for rid in ref["ids"]:
-            np.testing.assert_allclose(f["per_residue"][rid][:], ref["per_residue"][rid], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(f["per_residue"][rid][:], ref["per_residue"][rid], rtol=0, atol=FLOAT_ROUNDING)
     # later runs are fine: nothing to do, and a new output next to it works
     assert E.embed_file(ckpt, inp, tmp_path / "e.h5", **kw)["already_done"] == 20
     assert E.embed_file(ckpt, inp, tmp_path / "f.h5", **kw)["embedded"] == 20

@@ -34,14 +34,14 @@ import numpy as np
 import xxhash
 
 from ..errors import UserError
-from ..files import exclusive_lock, file_sha256
+from ..files import exclusive_lock, file_sha256, write_json
 from ..output_guard import OutputGuard
 from ..formats import SHARD_FORMATS, ParseError, TokenizedBlock, accession, check_source, detect_format, format_name
 from ..formats import iter_ranges, iter_text_blocks, tokenize_block
 from ..formats.text import is_gzip, read_range
 from ..tokenizer import VERSION, Tokenizer
 from .dedup import HashSet
-from .shards import MANIFEST, ShardWriter, write_json
+from .shards import MANIFEST, ShardWriter
 from .split import SPLITS, split_codes
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ def _prepare(source: Path, out: Path, sha: str, params: dict, *, on_invalid: str
     except UserError:
         _discard(out)  # complete but unusable for these settings: no folder to mistake for data
         raise
-    write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest, fixed_temp=True)  # fixed_temp: under the preparation's lock
     print(_summary(source, out, manifest))
     return out
 
@@ -339,7 +339,7 @@ def _claim(out: Path, sha: str, params: dict) -> None:
     info = {"source_sha256": sha, "params": params}
     if info_path.is_file() and json.loads(info_path.read_text()) != info:
         raise UserError(f"{out}: holds a preparation of other data or settings ({info_path}); use another out_dir")
-    write_json(info_path, info)
+    write_json(info_path, info, fixed_temp=True)
 
 
 def _resume(out: Path, dedup: bool) -> tuple[int, _State, HashSet, IdCheck]:
@@ -515,7 +515,8 @@ def _commit(out: Path, part: int, writers: dict, state: _State, ids: IdCheck) ->
     for s, w in writers.items():
         state.shards[s].append(w.close())
     ids.save(_ids_path(out, part))
-    write_json(_part_path(out, part), state.to_dict())  # last: the part counts as done once this exists
+    # last: the part counts as done once this exists
+    write_json(_part_path(out, part), state.to_dict(), fixed_temp=True)
 
 
 def _manifest(state: _State, source: Path, sha: str, gz: bool, params: dict, seconds: float) -> dict:

@@ -23,13 +23,6 @@ from ..errors import UserError
 MANIFEST = "manifest.json"
 
 
-def write_json(path: Path, obj) -> None:
-    """Write atomically (tmp + rename), so a kill never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
-
-
 class ShardWriter:
     """Appends records of one split to shard ``index``; ``close`` writes the offsets."""
 

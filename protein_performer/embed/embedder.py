@@ -11,9 +11,12 @@ import torch
 
 from ..data.collate import pad_batch
 from ..data.sampler import token_budget_batches
+from ..device import precision_dtype
 from ..errors import UserError
 from ..hub.load import LoadedModel
-from .settings import dtype, resolve_layers, resolve_pooling
+from ..model.pooling import masked_mean, residue_mask
+from ..tokenizer import Tokenizer
+from .settings import resolve_layers, resolve_pooling
 
 
 @dataclass
@@ -32,9 +35,12 @@ class Embedder:
     precision: str = "32"
     kernel: str | None = None
     long_alone: int | None = None
+    tokenizer: Tokenizer | None = None  # whose <pad>, <cls> and <eos> are not residues (None: the model's vocabulary)
 
     def __post_init__(self):
-        self.dtype = dtype(self.precision)
+        self.dtype = precision_dtype(self.precision)
+        if self.tokenizer is None:
+            self.tokenizer = Tokenizer(vocabulary=self.model.config.vocabulary)
         if self.long_alone is None:
             self.long_alone = 1024 if self.kernel == "exact" else None
 
@@ -68,16 +74,13 @@ class Embedder:
         padding_mask = None if padding_mask is None else padding_mask.to(device)
         with self._autocast():
             _, hidden = self.model(tokens, padding_mask, return_layers=True)
-        n = torch.tensor(lengths, device=device)
-        pos = torch.arange(tokens.shape[1], device=device)
-        residue = (pos[None, :] >= 1) & (pos[None, :] < (n - 1)[:, None])  # (B, L)
-        count = residue.sum(1, keepdim=True).clamp(min=1).float()
+        residue = residue_mask(tokens, self.tokenizer)  # (B, L): every protein is <cls> residues <eos>
         out = [dict(pooled={p: {} for p in self.pooling}, per_residue={}) for _ in batch]
         for layer in self.layers:
             h = hidden[layer].float()
             pooled = {}
             if "mean" in self.pooling:
-                pooled["mean"] = (h * residue[..., None]).sum(1) / count
+                pooled["mean"] = masked_mean(h, residue)
             if "max" in self.pooling:
                 pooled["max"] = h.masked_fill(~residue[..., None], float("-inf")).amax(1)
             if "cls" in self.pooling:
@@ -98,7 +101,7 @@ def build_embedder(loaded: LoadedModel, layers, pooling, per_residue: bool, prec
         raise UserError(f"pooling=cls: {loaded.source} is a causal (clm) model, whose first token sees only "
                         f"itself, so every protein would get the same vector; use mean or max")
     return Embedder(loaded.net, resolve_layers(layers, loaded.net.depth), pooling, per_residue, precision,
-                    loaded.kernel, long_alone)
+                    loaded.kernel, long_alone, loaded.tokenizer)
 
 
 def check_finite_weights(loaded: LoadedModel) -> None:
@@ -113,6 +116,6 @@ def check_finite(result: dict, rid: str, where: str, precision) -> None:
     arrays = [v for by_layer in result["pooled"].values() for v in by_layer.values()]
     arrays += list(result["per_residue"].values())
     if not all(np.isfinite(a).all() for a in arrays):
-        hint = "" if dtype(precision) == torch.float32 else f" (precision={precision} overflowed? try precision=32)"
+        hint = "" if precision_dtype(precision) == torch.float32 else f" (precision={precision} overflowed? try precision=32)"
         raise UserError(f"{where}: record {rid!r}: the model's embedding holds NaN or inf values{hint}; "
                         f"nothing was written for it")

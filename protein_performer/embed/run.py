@@ -23,7 +23,7 @@ from .h5 import H5Output
 from .identity import check_name, check_output_paths, lock_path, model_config, safe_name
 from .plan import Outputs, Plan, Work
 from .pt_dir import PtOutput
-from .settings import check_settings, several, tokenizer
+from .settings import check_embed_settings, several, tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     the same files as one process. Returns counts: embedded, residues, seconds, residues_per_s,
     already_done and the skipped kinds (None in the processes Lightning starts beside process 0).
     """
-    settings = check_settings(layers=layers, pooling=pooling, per_residue=per_residue, max_tokens=max_tokens,
+    settings = check_embed_settings(layers=layers, pooling=pooling, per_residue=per_residue, max_tokens=max_tokens,
                               precision=precision, unknown=unknown, on_invalid=on_invalid, long_alone=long_alone,
                               sort_records=sort_records, overwrite=overwrite, progress=progress, format=format,
                               device=device, trainer=trainer)

@@ -6,17 +6,12 @@ import json
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from ..device import resolve_device
+from ..device import precision_dtype, resolve_device
 from ..errors import UserError
 from ..tokenizer import Tokenizer
 
 POOLINGS = ("mean", "cls", "max")
-#: what ``precision`` may say, and the dtype the model then runs in (under autocast)
-DTYPES = {"32": torch.float32, "fp32": torch.float32, "32-true": torch.float32,
-          "bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16,
-          "16": torch.float16, "fp16": torch.float16, "16-mixed": torch.float16}
 #: the keys of ``trainer`` (several devices: Lightning's predict loop under DDP)
 TRAINER_KEYS = {"devices": 1, "num_nodes": 1}
 
@@ -61,13 +56,6 @@ def resolve_pooling(pooling: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(pooling))
 
 
-def dtype(precision: str | int) -> torch.dtype:
-    p = str(precision).lower()
-    if p not in DTYPES:
-        raise UserError(f"precision {precision!r}: expected 32, bf16 or 16")
-    return DTYPES[p]
-
-
 def tokenizer(unknown: str, like: Tokenizer = Tokenizer()) -> Tokenizer:
     """The model's tokenizer (its vocabulary: a model converted from ESM reads ESM's ids) with ``unknown``."""
     return Tokenizer(unknown=unknown, vocabulary=like.vocabulary)
@@ -96,13 +84,13 @@ def several(trainer: dict) -> bool:
     return trainer["devices"] != 1 or trainer["num_nodes"] != 1
 
 
-def check_settings(*, layers, pooling, per_residue, max_tokens, precision, unknown, on_invalid, long_alone,
+def check_embed_settings(*, layers, pooling, per_residue, max_tokens, precision, unknown, on_invalid, long_alone,
                    sort_records, overwrite, progress, format, device="cpu", trainer=None) -> dict:
     """Every setting of :func:`~protein_performer.embed.run.embed_file` checked; returns the
     trainer settings with their defaults."""
     resolve_layers(layers, None)
     resolve_pooling(pooling)
-    dtype(precision)
+    precision_dtype(precision)
     tokenizer(unknown)
     for key, v in dict(per_residue=per_residue, overwrite=overwrite, progress=progress).items():
         if not isinstance(v, (bool, np.bool_)):

@@ -3,7 +3,8 @@
 
 The line-by-line readers are the reference (and what small files use); at TrEMBL scale their
 per-line Python work is too slow. Each format finds its records' ids and sequence bytes with a
-few bulk passes (``block_records`` in :mod:`.fasta`, :mod:`.uniprot`); here whitespace is
+few bulk passes (a format's ``block_records``: :func:`.fasta.fasta_block_records`,
+:func:`.uniprot.uniprot_block_records`); here whitespace is
 deleted and residues mapped through the tokenizer's 256-entry lookup table with
 ``bytes.translate``, and invalid records are found with numpy. Only per-record bookkeeping runs
 in Python. Tests hold the output to the readers + :meth:`Tokenizer.encode` on the same files.

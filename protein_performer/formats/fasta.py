@@ -67,7 +67,7 @@ def _spans(buf: bytes):
     return heads, np.minimum(head_end + 1, n), np.append(heads[1:], n).astype(np.int64), k
 
 
-def block_records(buf: bytes, first_block: bool, source: str, table: bytes, ws: bytes):
+def fasta_block_records(buf: bytes, first_block: bool, source: str, table: bytes, ws: bytes):
     """(ids, translated sequences, {record: format error}, locate) of the records in ``buf``;
     ``locate()`` gives (starts, sequence starts, sequence ends, 0-based lines)."""
     text = b"\n" + buf  # so the first header also follows a newline
@@ -91,4 +91,4 @@ def block_records(buf: bytes, first_block: bool, source: str, table: bytes, ws: 
 
 
 FASTA = Format("fasta", (".fasta", ".fa", ".faa", ".fas", ".fna", ".mpfa", ".pep"), read_fasta,
-               looks_like=lambda line: line.startswith(">"), record_start=b"\n>", block_records=block_records)
+               looks_like=lambda line: line.startswith(">"), record_start=b"\n>", block_records=fasta_block_records)

@@ -99,7 +99,7 @@ def _spans(buf: bytes, source: str):
     return heads, np.array(s0, dtype=np.int64), np.array(s1, dtype=np.int64), k, ids, errors
 
 
-def block_records(buf: bytes, first_block: bool, source: str, table: bytes, ws: bytes):
+def uniprot_block_records(buf: bytes, first_block: bool, source: str, table: bytes, ws: bytes):
     """(ids, translated sequences, {record: format error}, locate) of the records in ``buf``;
     ``locate()`` gives (starts, sequence starts, sequence ends, 0-based lines)."""
     heads, s0, s1, k, ids, errors = _spans(buf, source)
@@ -108,4 +108,5 @@ def block_records(buf: bytes, first_block: bool, source: str, table: bytes, ws: 
 
 
 UNIPROT = Format("uniprot", (".dat", ".txt", ".swiss", ".sp"), read_uniprot,
-                 looks_like=lambda line: line.startswith("ID   "), record_start=b"\nID   ", block_records=block_records)
+                 looks_like=lambda line: line.startswith("ID   "), record_start=b"\nID   ",
+                 block_records=uniprot_block_records)

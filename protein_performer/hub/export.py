@@ -6,7 +6,7 @@ convert-esm uses too), checked by loading it back, swapped into place only when 
 then also holds the head (``finetune_task``, ``pooling``, ``num_labels``, ``id2label``,
 ``problem_type``, ``target_scale``), model.safetensors the fine-tuned network's tensors
 (``encoder.*``, ``head.*``), and transformers opens it with AutoModelForSequenceClassification or
-AutoModelForTokenClassification; :func:`load_finetuned` opens either folder here."""
+AutoModelForTokenClassification; :func:`~protein_performer.hub.load.load_finetuned` opens either folder."""
 from __future__ import annotations
 
 import json
@@ -18,22 +18,15 @@ import torch
 
 from ..errors import UserError, one_line
 from ..files import WrittenFiles, remove_path
-from ..model import ModelConfig, PerformerEncoder, PerformerLM
+from ..model import ModelConfig, PerformerLM
 from ..model.heads import FineTuneNet
 from ..tokenizer import VERSION, Tokenizer
 from .card import model_card
-from .load import (ARCHITECTURES, CARD, CONFIG, JOURNAL, MODEL_KEYS, MODEL_TYPE, REMOTE_CODE, TOKENIZER_CONFIG, VOCAB,
-                   WEIGHTS, _exported_state, _some, checkpoint_step, load_pretrained, load_weights, read_config)
+from .load import (ARCHITECTURES, CARD, CONFIG, FINETUNE_CONFIG, HEAD_ARCHITECTURES, JOURNAL, MODEL_TYPE, REMOTE_CODE,
+                   TOKENIZER_CONFIG, VOCAB, WEIGHTS, _exported_state, _some, checkpoint_step, load_finetuned,
+                   load_pretrained)
 
 
-#: what ``finetune`` writes beside its model.safetensors (encoder + head): task, classes, head, encoder config
-FINETUNE_CONFIG = "finetune.json"
-#: the transformers class and auto class of a fine-tuned task's export
-HEAD_ARCHITECTURES = {
-    "classification": ("ProteinPerformerForSequenceClassification", "AutoModelForSequenceClassification"),
-    "regression": ("ProteinPerformerForSequenceClassification", "AutoModelForSequenceClassification"),
-    "residue": ("ProteinPerformerForTokenClassification", "AutoModelForTokenClassification"),
-}
 #: a real protein (ubiquitin), scored by export to check the written directory
 CHECK_SEQUENCE = "MQIFVKTLTGKTITLEVEPSDTIENVKAKIQDKEGIPPDQQRLIFAGKQLEDGRTLSDYNIQKESTLHLVLRLRGG"
 
@@ -251,39 +244,6 @@ def _package_version() -> str | None:
 
 
 # --- fine-tuned heads -------------------------------------------------------------------------
-def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
-    """A finetune output folder (finetune.json) or its export (config.json with a task head) ->
-    (the fine-tuned network in eval mode, its settings: task, classes, num_outputs, pooling,
-    dropout, target_scale, model). A missing or inconsistent file is one line naming it."""
-    d = Path(path)
-    if (d / FINETUNE_CONFIG).is_file():
-        where = d / FINETUNE_CONFIG
-        try:
-            meta = json.loads(where.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{where}: not valid JSON ({one_line(e)})") from e
-    elif (d / CONFIG).is_file():
-        where, config = d / CONFIG, read_config(d / CONFIG)
-        if "finetune_task" not in config:
-            raise UserError(f"{where}: a language model without a task head (load_pretrained opens it)")
-        labels = [config["id2label"][str(i)] for i in range(config["num_labels"])] if "id2label" in config else []
-        meta = {"task": config["finetune_task"], "classes": [] if config["finetune_task"] == "regression" else labels,
-                "num_outputs": config.get("num_labels"), "pooling": config.get("pooling", "mean"),
-                "window": config.get("head_window", 0),
-                "dropout": config.get("classifier_dropout", 0.0), "target_scale": config.get("target_scale"),
-                "model": {k: v for k, v in config.items() if k in MODEL_KEYS}}
-    else:
-        raise UserError(f"{d}: neither a finetune output ({FINETUNE_CONFIG}) nor an exported model ({CONFIG})")
-    try:
-        encoder = PerformerEncoder(ModelConfig.from_dict(meta["model"]))
-        net = FineTuneNet(encoder, meta["task"], int(meta["num_outputs"]), meta["pooling"], float(meta["dropout"]),
-                          int(meta.get("window") or 0))
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{where}: bad fine-tuned model settings ({one_line(e)})") from e
-    load_weights(net, d / WEIGHTS)
-    return net.to(device).eval(), meta
-
-
 def finetuned_config(net: FineTuneNet, meta: dict) -> dict:
     """config.json of a fine-tuned model: the encoder's (as :func:`export_config`) and the head's,
     in transformers' terms (num_labels, id2label, problem_type) and protein-performer's
@@ -329,7 +289,7 @@ def finetuned_card(config: dict, metrics: dict | None) -> str:
               "tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/directory\")",
               f"model = {auto}.from_pretrained(\"path/to/this/directory\", trust_remote_code=True)",
               "logits = model(**tokenizer([\"MKTAYIAKQR\"], return_tensors=\"pt\")).logits", "```", "",
-              "With protein-performer: `protein_performer.hub.export.load_finetuned(\"path/to/this/directory\")`. "
+              "With protein-performer: `protein_performer.hub.load.load_finetuned(\"path/to/this/directory\")`. "
               "The transformers code gives protein-performer's logits (tested to 1e-5).", "", "## Licence", "",
               "- code (`*.py` here and protein-performer): MIT; weights: state the licence of the pretraining and "
               "label data before publishing."]

@@ -16,7 +16,9 @@ import torch
 
 from ..device import resolve_device
 from ..errors import UserError, one_line
-from ..model import ModelConfig, PerformerLM
+from ..model import ModelConfig, PerformerEncoder, PerformerLM
+from ..model.config import migrate
+from ..model.heads import FineTuneNet
 from ..tokenizer import VERSION, VOCABULARIES, Tokenizer
 
 
@@ -43,8 +45,19 @@ REQUIRED = ("objective", "vocab_size", "tokenizer_version", "dim", "depth", "hea
             "attention")
 
 
+#: the transformers class and auto class of an exported language model, by objective ...
 ARCHITECTURES = {"mlm": ("ProteinPerformerForMaskedLM", "AutoModelForMaskedLM"),
                  "clm": ("ProteinPerformerForCausalLM", "AutoModelForCausalLM")}
+#: ... and of an exported fine-tuned model, by task (hf_code/modeling_protein_performer.py defines them all)
+HEAD_ARCHITECTURES = {
+    "classification": ("ProteinPerformerForSequenceClassification", "AutoModelForSequenceClassification"),
+    "regression": ("ProteinPerformerForSequenceClassification", "AutoModelForSequenceClassification"),
+    "residue": ("ProteinPerformerForTokenClassification", "AutoModelForTokenClassification"),
+}
+
+
+#: what ``finetune`` writes beside its model.safetensors (encoder + head): task, classes, head, encoder config
+FINETUNE_CONFIG = "finetune.json"
 
 
 def is_pretrained_dir(path) -> bool:
@@ -101,7 +114,7 @@ def read_config(path: Path) -> dict:
 
 def build_model(config: dict, path: Path) -> PerformerLM:
     """The (untrained) PerformerLM that config.json describes."""
-    model = {k: v for k, v in config.items() if k in MODEL_KEYS}
+    model = migrate({k: v for k, v in config.items() if k in MODEL_KEYS or k == "config_version"}, str(path))
     try:
         return PerformerLM(ModelConfig.from_dict(model, causal=config["objective"] == "clm"))
     except (TypeError, ValueError) as e:
@@ -221,6 +234,39 @@ def load_model(model: Any, device: str = "cpu") -> LoadedModel:
     kernel = next((m.kernel for m in net.modules() if isinstance(getattr(m, "kernel", None), str)), None)
     net = net.to(resolve_device(device)).eval()
     return LoadedModel(net, tokenizer, kernel, source, task, frequencies)
+
+
+def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
+    """A finetune output folder (finetune.json) or its export (config.json with a task head) ->
+    (the fine-tuned network in eval mode, its settings: task, classes, num_outputs, pooling,
+    dropout, target_scale, model). A missing or inconsistent file is one line naming it."""
+    d = Path(path)
+    if (d / FINETUNE_CONFIG).is_file():
+        where = d / FINETUNE_CONFIG
+        try:
+            meta = json.loads(where.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{where}: not valid JSON ({one_line(e)})") from e
+    elif (d / CONFIG).is_file():
+        where, config = d / CONFIG, read_config(d / CONFIG)
+        if "finetune_task" not in config:
+            raise UserError(f"{where}: a language model without a task head (load_pretrained opens it)")
+        labels = [config["id2label"][str(i)] for i in range(config["num_labels"])] if "id2label" in config else []
+        meta = {"task": config["finetune_task"], "classes": [] if config["finetune_task"] == "regression" else labels,
+                "num_outputs": config.get("num_labels"), "pooling": config.get("pooling", "mean"),
+                "window": config.get("head_window", 0),
+                "dropout": config.get("classifier_dropout", 0.0), "target_scale": config.get("target_scale"),
+                "model": {k: v for k, v in config.items() if k in MODEL_KEYS or k == "config_version"}}
+    else:
+        raise UserError(f"{d}: neither a finetune output ({FINETUNE_CONFIG}) nor an exported model ({CONFIG})")
+    try:
+        encoder = PerformerEncoder(ModelConfig.from_dict(migrate(meta["model"], str(where))))
+        net = FineTuneNet(encoder, meta["task"], int(meta["num_outputs"]), meta["pooling"], float(meta["dropout"]),
+                          int(meta.get("window") or 0))
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{where}: bad fine-tuned model settings ({one_line(e)})") from e
+    load_weights(net, d / WEIGHTS)
+    return net.to(device).eval(), meta
 
 
 def weights_sha256(net: torch.nn.Module) -> str:

@@ -17,6 +17,14 @@ from ..tokenizer import VOCABULARIES, Tokenizer
 #: exact attention over 16,384-residue proteins (3 GiB a head); longer windows are refused in one line
 MAX_LOCAL_WINDOW = 16384
 
+#: the version of a saved model config (checkpoints' ``hyper_parameters["model"]``, exports' config.json,
+#: finetune.json's ``model``), written by :meth:`ModelConfig.to_dict`; :func:`migrate` reads older ones
+CONFIG_VERSION = 2
+#: the defaults that changed at each version: a saved config of an older version that leaves a key out
+#: meant that version's default.  Version 1 (no ``config_version`` key: every file before it) had RoFormer's
+#: rotary base and no local heads; version 2 takes conf/model/base.yaml's (issue 43: one truth for defaults)
+CHANGED_DEFAULTS = {2: {"rotary_base": 10000.0, "attention": {"local_heads": 0}}}
+
 
 @dataclass(frozen=True)
 class AttentionConfig:
@@ -28,14 +36,14 @@ class AttentionConfig:
     relu_projection: bool = True    # the relu kernel with (True) or without a random projection
     run_seed: int = 0               # the run's seed, mixed into the projection draws (training sets it)
     backend: str = "auto"           # auto (CUDA: fla for causal when the stack allows, else parallel; CPU: torch) | torch | parallel | fla
-    local_heads: int = 0            # the first this many heads: exact softmax in a sliding window (attention/local.py);
-                                    # 0 here, so checkpoints saved before the key keep their all-global heads (conf: 1)
+    local_heads: int = 1            # the first this many heads: exact softmax in a sliding window (attention/local.py)
     local_window: int = 128         # their window: query i sees keys j with |i - j| < local_window
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What defines a PerformerLM, with the key names of conf/model/base.yaml."""
+    """What defines a PerformerLM, with the key names and the defaults of conf/model/base.yaml
+    (tests/test_model_config.py holds them equal)."""
     vocab_size: int = Tokenizer().vocab_size
     dim: int = 128
     depth: int = 4
@@ -45,7 +53,7 @@ class ModelConfig:
     causal: bool = False
     position: str = "rotary"        # rotary (any length) | learned (up to max_positions)
     max_positions: int = 1024       # learned positions only: the longest input the model accepts
-    rotary_base: float = 10000.0    # rotary positions: theta_i = base^(-2i / head_dim); larger = slower rotations
+    rotary_base: float = 1000000.0  # rotary positions: theta_i = base^(-2i / head_dim); larger = slower rotations
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     # --- what ESM-2 converted by convert-esm needs; the defaults are protein-performer's own models
     vocabulary: str = "protein-performer"  # protein-performer | esm (ESM's 33 tokens in ESM's id order)
@@ -108,18 +116,39 @@ class ModelConfig:
         """From a conf/model dict (``name`` ignored; ``max_len``, the old name of
         ``max_positions``, accepted): an unknown key is a one-line error naming it."""
         d = {k: v for k, v in {**d, **extra}.items() if k != "name"}
+        version = d.pop("config_version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise UserError(f"model.config_version={version!r}: a saved config of another version; read it "
+                            f"with model.config.migrate (this code writes version {CONFIG_VERSION})")
         if "max_len" in d:
             d["max_positions"] = d.pop("max_len")
         return cls(**_known(cls, d, "model"))
 
     def to_dict(self) -> dict:
-        """What defines the model (exports, output identities): attention.backend is left out, being how
-        a process runs it, not what it computes."""
+        """What defines the model (exports, output identities, checkpoints), every key written out with
+        ``config_version``: attention.backend is left out, being how a process runs it, not what it computes."""
         d = asdict(self)
         d["attention"].pop("backend")
-        if not d["attention"]["local_heads"]:  # as models without local heads were written before the key
-            del d["attention"]["local_heads"], d["attention"]["local_window"]
-        return d
+        return {**d, "config_version": CONFIG_VERSION}
+
+
+def migrate(saved: Mapping, where: str = "model") -> dict:
+    """A saved model config (a checkpoint's, an export's, a finetune output's) as this version reads it:
+    the keys an older version left out get that version's defaults (:data:`CHANGED_DEFAULTS`), so a
+    model saved before a default changed loads as it was trained.  A newer version is one line."""
+    d = dict(saved)
+    version = d.get("config_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= CONFIG_VERSION:
+        raise UserError(f"{where}: config_version {version!r}: written by another protein-performer "
+                        f"(this one reads versions 1 to {CONFIG_VERSION})")
+    for v in range(version + 1, CONFIG_VERSION + 1):
+        for key, old in CHANGED_DEFAULTS[v].items():
+            if isinstance(old, dict):
+                d[key] = {**old, **dict(d.get(key) or {})}
+            else:
+                d.setdefault(key, old)
+    d["config_version"] = CONFIG_VERSION
+    return d
 
 
 def _positive_int(key: str, value) -> None:

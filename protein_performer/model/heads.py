@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..tokenizer import Tokenizer
+from .pooling import masked_mean, residue_mask
 
 
 class LMHead(nn.Module):
@@ -38,20 +39,6 @@ class EsmLMHead(LMHead):
 
     def forward(self, hidden: torch.Tensor, embedding_weight: torch.Tensor) -> torch.Tensor:
         return super().forward(self.norm(F.gelu(self.dense(hidden))), embedding_weight)
-
-
-def residue_mask(tokens: torch.Tensor, tokenizer: Tokenizer = Tokenizer()) -> torch.Tensor:
-    """(B, L) True at residues: every token but padding, <cls> and <eos> (<mask> and <unk>
-    stand for residues), the positions ``embed``'s mean pooling averages."""
-    return (tokens != tokenizer.pad_id) & (tokens != tokenizer.cls_id) & (tokens != tokenizer.eos_id)
-
-
-def masked_mean(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean of hidden (B, L, D) over the positions where mask (B, L) is True -> (B, D)."""
-    if mask is None:
-        return hidden.mean(1)
-    m = mask.to(hidden.dtype)[..., None]
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
 
 
 class SequenceClassificationHead(nn.Module):

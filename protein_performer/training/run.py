@@ -30,6 +30,7 @@ from ..attention.fla_backend import GATED_KERNELS, check_backend, training_devic
 from ..errors import UserError, first_line
 from ..files import atomic_path
 from ..model import ModelConfig
+from ..model.config import migrate
 from ..model import PerformerLM
 from ..objectives import check_objective
 from ..tokenizer import Tokenizer
@@ -62,6 +63,15 @@ def build_task(cfg: DictConfig, aa_frequencies: torch.Tensor | None, start: Perf
     if start is not None:
         load_start(task.model, start, where)
     return task
+
+
+def record_start_architecture(cfg: DictConfig, start: PerformerLM) -> None:
+    """init_from's architecture into ``cfg.model`` (the keys the config has), so that the printed config and
+    the run folder's config.yaml describe the model that trains, not the composed defaults it replaced."""
+    effective = student_config(start, {}, start.config.causal, f"init_from={cfg.get('init_from')}")
+    for key, value in effective.items():
+        if key != "attention" and key in cfg.model:
+            OmegaConf.update(cfg, f"model.{key}", value)
 
 
 def open_checkpoint_model(path: str) -> PerformerLM:
@@ -111,7 +121,7 @@ def check_resumed_model(path: str, hparams: dict, task: ProteinLM) -> None:
     a default that changed) must be the checkpoint's, else one line naming the first that differs."""
     if not isinstance(hparams.get("model"), dict):
         return  # written by hand without hyperparameters: nothing to compare
-    old = ModelConfig.from_dict(hparams["model"], vocab_size=task.model.config.vocab_size,
+    old = ModelConfig.from_dict(migrate(hparams["model"], f"ckpt_path={path}"), vocab_size=task.model.config.vocab_size,
                                 causal=task.model.config.causal).to_dict()
     new = task.model.config.to_dict()
     flat = lambda d: {**{k: v for k, v in d.items() if k != "attention"},  # noqa: E731
@@ -243,6 +253,7 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     if start is not None:
         check_architecture(start, OmegaConf.to_container(cfg.model, resolve=True), list(overrides or []),
                            f"init_from={cfg.init_from}")
+        record_start_architecture(cfg, start)
     if zero:  # DDP re-launches this for the other ranks once rank zero trains (and set old checkpoints aside)
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
         check_own_files(run_dir, ("config.yaml",))

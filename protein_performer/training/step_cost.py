@@ -16,7 +16,6 @@ from typing import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..data.sampler import check_crop_schedule
 from ..objectives import IGNORE
 
 #: timed batches per model and crop (conf/compare.yaml's calibration_reps)
@@ -25,17 +24,19 @@ CALIBRATION_REPS = 16
 
 def crop_schedule(data_cfg) -> list[tuple[int, int]]:
     """(step, crop) phases of a data config: its ``crop_schedule`` with crops capped by ``max_len``
-    (as the sampler caps them), or one phase at ``max_len``."""
+    (as the sampler caps them), or one phase at ``max_len``. Read, not checked: the data module
+    that :func:`measure_step_costs` instantiates from the same config checks it first (training
+    gets its data through the config, never by importing protein_performer.data)."""
     schedule = data_cfg.get("crop_schedule") if data_cfg.get("max_tokens") is not None else None
     cap = int(data_cfg.max_len)
-    return [(s, min(c, cap)) for s, c in check_crop_schedule(schedule)] if schedule else [(0, cap)]
+    return [(int(s), min(int(c), cap)) for s, c in schedule] if schedule else [(0, cap)]
 
 
 def steps_within(schedule: Sequence[tuple[int, int]], cost: Mapping[int, float], seconds: float,
                  limit: int = 10 ** 7) -> int:
     """How many steps fit in ``seconds`` when a step at crop c costs ``cost[c]`` s and the crop
     follows ``schedule`` (from step s on, crop c)."""
-    steps, elapsed, phases = 0, 0.0, sorted(schedule)  # phases[0] starts at step 0 (check_crop_schedule)
+    steps, elapsed, phases = 0, 0.0, sorted(schedule)  # phases[0] starts at step 0 (the data module checks it)
     while steps < limit:
         crop = next(c for s, c in reversed(phases) if s <= steps)
         if elapsed + cost[crop] > seconds:
@@ -50,7 +51,7 @@ def _batches(data, crop: int, n: int) -> list[dict]:
     evenly over the epoch's batch plan: a token budget's batches range from many short proteins
     to one long one, and exact attention's cost with them (the first few would be a lottery)."""
     if data.max_tokens is not None:
-        data.crop_schedule = check_crop_schedule([[0, crop]])
+        data.crop_schedule = [(0, crop)]  # what the data module's check makes of [[0, crop]]
     loader = data.train_dataloader()
     if loader.batch_size is None:  # the batch sampler is the loader's sampler: a plan of index lists
         plan = list(loader.sampler)

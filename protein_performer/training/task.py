@@ -15,6 +15,7 @@ from pytorch_lightning.callbacks import Timer
 from torchmetrics import SumMetric
 
 from ..model import ModelConfig, PerformerLM
+from ..model.config import migrate
 from ..objectives import IGNORE, SUMS, Scores, check_objective, score_rows
 from ..tokenizer import VERSION, Tokenizer
 from ..errors import UserError, first_line
@@ -29,12 +30,16 @@ class ProteinLM(pl.LightningModule):
         check_objective(objective)
         if tokenizer_version != VERSION:
             raise UserError(f"checkpoint uses tokenizer version {tokenizer_version}, this code has {VERSION}")
-        self.save_hyperparameters()
         # the model's vocabulary (a model converted from ESM reads ESM's ids); the data pipeline writes
         # protein-performer's ids, mapped to the model's in every step (data_ids; None: the same)
         self.tokenizer = Tokenizer(vocabulary=(model or {}).get("vocabulary", Tokenizer().vocabulary))
-        self.model = PerformerLM(ModelConfig.from_dict(model, vocab_size=self.tokenizer.vocab_size,
-                                                            causal=objective == "clm"))
+        config = ModelConfig.from_dict(model, vocab_size=self.tokenizer.vocab_size, causal=objective == "clm")
+        # saved whole, with its config_version: a later version whose defaults differ reads it as it was
+        # (load_checkpoint migrates checkpoints written before the version key)
+        model = config.to_dict()
+        model["attention"]["backend"] = config.attention.backend  # how this run runs it (a loaded one: auto)
+        self.save_hyperparameters()
+        self.model = PerformerLM(config)
         self.register_buffer("data_ids", data_to_model_ids(self.tokenizer.vocabulary), persistent=False)
         self.distiller: Distiller | None = None  # a frozen teacher (not a submodule: not in checkpoints)
         # float64 sums: token counts pass 2^24 long before TrEMBL-sized validation sets end
@@ -150,7 +155,11 @@ def load_checkpoint(path: str, map_location="cpu") -> ProteinLM:
     try:
         # weights_only: tensors and plain types only, never a pickled object's code (even if the
         # environment sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD)
-        module = ProteinLM.load_from_checkpoint(path, map_location=map_location, weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("hyper_parameters") or {}
+        model = saved.get("model")  # its keys as the version that wrote it meant them (model.config.migrate)
+        module = ProteinLM.load_from_checkpoint(path, map_location=map_location, weights_only=True,
+                                                **({"model": migrate(model, f"checkpoint {path}")}
+                                                   if isinstance(model, dict) else {}))
     except Exception as e:  # torch.load raises many types for a file that is not a checkpoint
         raise UserError(f"checkpoint {path}: cannot load ({first_line(e)})") from e
     for m in module.modules():  # the backend a run used (fla, on its GPU) is how it ran, not what the

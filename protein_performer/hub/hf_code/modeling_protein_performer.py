@@ -416,7 +416,7 @@ class PoolingHead(nn.Module):
         self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_labels)
 
     def forward(self, h, residues):
-        if self.pooling == "mean":
+        if self.pooling == "mean":  # protein_performer.model.pooling.masked_mean, copied to stand alone
             m = residues.to(h.dtype)[..., None]
             pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
         else:
@@ -470,7 +470,9 @@ class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
         self.post_init()
 
     def _residues(self, input_ids):
-        """True at residues: every token but padding, <cls> and <eos>."""
+        """True at residues: every token but padding, <cls> and <eos>. A standalone copy (this file
+        runs without protein-performer) of protein_performer.model.pooling.residue_mask: keep the two
+        alike (tests/test_hf_heads.py compares the outputs)."""
         c = self.config
         return (input_ids != c.pad_token_id) & (input_ids != c.bos_token_id) & (input_ids != c.eos_token_id)
 

@@ -1,0 +1,93 @@
+"""The head's start: a linear probe of the frozen encoder (LP-FT), fitted on the training split and
+folded into the head's linear layer; the probe is also the baseline every epoch competes with."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..model.heads import FineTuneNet, masked_mean, residue_mask
+from ..objectives import IGNORE
+from ..probe import make_probe
+from .batches import Encoded, batches
+
+log = logging.getLogger(__name__)
+
+#: residues the per-residue probe is fitted on (a seeded sample of the training split's)
+PROBE_RESIDUES = 20000
+
+
+@torch.no_grad()
+def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int):
+    """What the head sees before any training, on ``data``: the mean over each protein's residues of
+    the encoder's output (pooled tasks), or the output at each residue (a seeded sample of at most
+    :data:`PROBE_RESIDUES`); returns (features (n, dim) float64, targets (n,))."""
+    was_training = net.training
+    net.eval()
+    X, y = [None] * len(data), [None] * len(data)                       # in data order, as the folds see them
+    for batch, b in batches(data, max_tokens, net.tokenizer.pad_id):
+        h = net.encoder(b["tokens"], b["padding_mask"]).float()
+        pooled = None if net.task == "residue" else masked_mean(h, residue_mask(b["tokens"], net.tokenizer))
+        for row, i in enumerate(batch):
+            if net.task == "residue":
+                keep = b["targets"][row] != IGNORE
+                X[i], y[i] = h[row][keep].double().numpy(), b["targets"][row][keep].numpy()
+            else:
+                X[i], y[i] = pooled[row:row + 1].double().numpy(), b["targets"][row:row + 1].numpy()
+    net.train(was_training)
+    X, y = np.concatenate(X), np.concatenate(y)
+    if net.task == "residue" and len(y) > PROBE_RESIDUES:
+        pick = np.sort(np.random.default_rng(seed).choice(len(y), PROBE_RESIDUES, replace=False))
+        X, y = X[pick], y[pick]
+    return X, y
+
+
+def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tuple[float, float],
+                    seed: int = 0) -> dict:
+    """Start the head where a linear probe ends (LP-FT, Kumar et al. 2022: fine-tuning from a
+    probed head keeps what the pretrained features hold, where a random head first distorts them):
+    ``probe``'s pipeline (standardize, then logistic regression with C by 3-fold CV, or ridge) on the
+    frozen encoder's features of the training split, folded into the head's linear layer, so the
+    untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
+    mean (its scores zero).  Returns what was fitted (C or alpha, the examples' count), or None
+    when a class is too rare for the cross-validation (the head then stays random)."""
+    X, y = _frozen_features(net, data, max_tokens, seed)
+    task = "regression" if net.task == "regression" else "classification"
+    target = (y - scale[0]) / scale[1] if task == "regression" else y.astype(int)
+    folds = 3 if task == "regression" else int(min(3, np.unique(target, return_counts=True)[1].min()))
+    if folds < 2 or (task == "classification" and len(np.unique(target)) < 2):
+        log.warning("head_init=probe: a class has fewer than 2 training examples, too few for the probe's "
+                    "cross-validation; the head starts random")
+        return None
+    pipe = make_probe(task, folds=folds, seed=seed)
+    pipe.fit(X, target)
+    _fold_into_head(net, task, pipe)
+    model = pipe[-1]
+    chosen = {"C": float(np.atleast_1d(model.C_)[0])} if task == "classification" else {"alpha": float(model.alpha_)}
+    return {**chosen, "examples": int(len(y))}
+
+
+def _fold_into_head(net: FineTuneNet, task: str, pipe) -> None:
+    """The fitted probe (scaler, then linear model) as the head's linear layer, on the raw features."""
+    scaler, model = pipe[0], pipe[-1]
+    coef = np.atleast_2d(model.coef_) / scaler.scale_                    # on raw features
+    bias = np.atleast_1d(model.intercept_) - coef @ scaler.mean_
+    out = net.head.out
+    W = np.zeros((out.out_features, out.in_features))
+    b = np.zeros(out.out_features)
+    if task == "regression":
+        W[0], b[0] = coef[0], bias[0]
+    elif coef.shape[0] == 1:                                             # binary: logits [0, z]
+        W[model.classes_[1]], b[model.classes_[1]] = coef[0], bias[0]
+    else:
+        W[model.classes_], b[model.classes_] = coef, bias
+        missing = np.setdiff1d(np.arange(out.out_features), model.classes_)
+        if len(missing):  # a class absent from train: never predicted, as by the probe
+            b[missing] = b[model.classes_].min() - 10.0
+    with torch.no_grad():
+        out.weight.copy_(torch.as_tensor(W, dtype=out.weight.dtype))
+        out.bias.copy_(torch.as_tensor(b, dtype=out.bias.dtype))
+        if hasattr(net.head, "score"):
+            net.head.score.weight.zero_()
+            net.head.score.bias.zero_()

@@ -1,0 +1,96 @@
+"""The LightningModule of fine-tuning (as :class:`~protein_performer.training.task.ProteinLM` is
+pretraining's): the loss, the optimizer and its schedule, and the best validated weights."""
+from __future__ import annotations
+
+import math
+
+import pytorch_lightning as pl
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..model.heads import FineTuneNet
+from ..objectives import IGNORE
+from .schedule import selection_metric, warmup_linear
+
+
+def _state(net: nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors only: the attention layers' ``_extra_state`` (redraw counters) is not a weight."""
+    return {k: v for k, v in net.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+class FineTuner(pl.LightningModule):
+    """Loss, optimizer, and the best validated weights (kept in memory, put back at the end): every
+    validation is a candidate (``stage``: "probe" for the probed head before training, then each
+    epoch), ranked by ``select_by`` on the validation split (ties: the lower loss, then the earlier).
+
+    ``lr``: the encoder's rate (or its LoRA adapters'), ``head_lr`` the head's; ``scale``: the
+    regression target's (mean, std), the head trained on standardized values; ``schedule``:
+    ``constant`` or ``linear`` (:func:`~.schedule.warmup_linear` over ``warmup`` of the steps,
+    ``seconds``: trainer.max_time)."""
+
+    def __init__(self, net: FineTuneNet, lr: float, head_lr: float, weight_decay: float,
+                 scale: tuple[float, float], schedule: str = "constant", warmup: float = 0.0,
+                 seconds: float | None = None, select_by: str = "loss"):
+        super().__init__()
+        self.net, self.best, self.best_loss, self._val = net, None, math.inf, []
+        self.lr, self.head_lr, self.weight_decay, self.scale = lr, head_lr, weight_decay, scale
+        self.schedule, self.warmup, self.seconds, self.select_by = schedule, warmup, seconds, select_by
+        self.best_epoch = None  # 0 = the start (validated before training), n = after epoch n
+        self.best_name, self.best_key, self.stage, self.candidates = None, None, "start", []
+
+    def loss_of(self, out, y) -> tuple[torch.Tensor, int]:
+        if self.net.task == "regression":
+            return F.mse_loss(out.squeeze(-1), (y - self.scale[0]) / self.scale[1]), len(y)
+        if self.net.task == "residue":
+            return F.cross_entropy(out.flatten(0, 1), y.flatten(), ignore_index=IGNORE), int((y != IGNORE).sum())
+        return F.cross_entropy(out, y), len(y)
+
+    def training_step(self, batch, batch_idx):
+        loss, n = self.loss_of(self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"])
+        self.log("train/loss", loss, batch_size=n, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        out, y = self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"]
+        loss, n = self.loss_of(out, y)
+        if self.net.task == "residue":
+            keep = y != IGNORE
+            out, y = out[keep], y[keep]
+        self._val.append((float(loss) * n, n, out.detach().cpu(), y.detach().cpu()))
+
+    def on_validation_epoch_end(self):
+        val, self._val = self._val, []
+        loss = sum(v[0] for v in val) / max(sum(v[1] for v in val), 1)
+        self.log("val/loss", loss, prog_bar=True)
+        metric = None
+        if self.select_by != "loss" and val:
+            metric = selection_metric(self.net.task, self.select_by, torch.cat([v[2] for v in val]),
+                                      torch.cat([v[3] for v in val]))
+            self.log(f"val/{self.select_by}", metric)
+        if self.trainer.sanity_checking:
+            return
+        self.candidate(loss, metric)
+
+    def candidate(self, loss: float, metric: float | None) -> None:
+        """This validation as a candidate for the kept weights; kept when it ranks above the best so far."""
+        fitting = self.trainer.state.fn == "fit"
+        name = f"epoch {self.trainer.current_epoch + 1}" if fitting else self.stage
+        self.candidates.append({"name": name, "loss": loss, **({self.select_by: metric} if metric is not None else {})})
+        key = (-loss,) if metric is None else (-math.inf if math.isnan(metric) else metric, -loss)
+        if self.best_key is None or key > self.best_key:
+            self.best_key, self.best_loss, self.best_name = key, loss, name
+            self.best = {k: v.detach().clone() for k, v in _state(self.net).items()}
+            self.best_epoch = self.trainer.current_epoch + 1 if fitting else 0
+
+    def configure_optimizers(self):
+        enc = [p for p in self.net.encoder.parameters() if p.requires_grad]
+        groups = [{"params": list(self.net.head.parameters()), "lr": self.head_lr}] + (
+            [{"params": enc, "lr": self.lr}] if enc else [])
+        opt = torch.optim.AdamW(groups, weight_decay=self.weight_decay)
+        if self.schedule == "constant":
+            return opt
+        # max_epochs (or max_steps) of batches; inf: max_time alone
+        total = float(self.trainer.estimated_stepping_batches)
+        step = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(total, self.warmup, self.seconds))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": step, "interval": "step"}}

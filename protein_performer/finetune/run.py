@@ -1,0 +1,248 @@
+"""The ``finetune`` command end to end: settings checked, labels read and split, the net built, a
+Lightning Trainer run under the output's lock, the kept weights tested and written."""
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from ..errors import UserError, first_line
+from ..files import exclusive_lock
+from ..hub.load import load_model
+from ..model.heads import FineTuneNet
+from ..output_guard import OutputGuard
+from ..probe import check_classes, check_test_overlap
+from ..tokenizer import Tokenizer
+from ..training.progress import check_progress, lightning_progress
+from .batches import Encoded, _loader
+from .head_init import probe_head_init
+from .labels import SPLITS, Examples, assign_splits, read_examples
+from .module import FineTuner
+from .outputs import _check_output, _write_outputs
+from .report import baseline, metrics, predict, selection_summary
+from .schedule import SELECT_BY, WARMUP, time_budget
+
+log = logging.getLogger(__name__)
+
+#: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
+#: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
+RESIDUE_WINDOW = 7
+
+
+def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels=None, pooling: str = "mean",
+             freeze="none", dropout: float = 0.0, lr: float = 1e-4, head_lr: float = 1e-3,
+             weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
+             test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
+             lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
+             head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
+             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
+             progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
+             probe_baseline: bool = True) -> dict:
+    """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
+
+    ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
+    and feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged into
+    the weights at the end.  ``window`` (task=residue): the head also sees that many residues on
+    either side (None: :data:`RESIDUE_WINDOW` for task=residue, else 0).  ``head_init``: ``probe``
+    (the head starts as a linear probe of the frozen encoder, :func:`~.head_init.probe_head_init`; the
+    validation loss of that start competes with every epoch's) or ``random``.  Whatever the start, a
+    linear probe of the frozen encoder is fitted on the training split and validated
+    (``probe_baseline``; false: only the epochs compete, head_init=random), and the weights kept are
+    the best of the probe and every epoch on the validation split by ``select_by`` (auto: accuracy,
+    Spearman or residue accuracy; or macro_f1, mcc, loss), so fine-tuning never ends below its own
+    probe on validation.  ``schedule``: ``constant`` rates, or ``linear``
+    (:func:`~.schedule.warmup_linear`: up over the first ``warmup`` share of the trainer's steps, then
+    down to 0 at its last).  Progress: one line per epoch (the validation loss, its best, the ETA) on
+    stdout; with the trainer's progress bar on and stdout not a terminal, also a line every
+    ``progress_every`` steps or ``progress_seconds`` seconds instead of the bar."""
+    out = Path(output_dir)
+    OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
+                ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
+    select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
+                                head_init, select_by, schedule, warmup, lora, freeze)
+    if window is None:
+        window = RESIDUE_WINDOW if task == "residue" else 0
+    tok = Tokenizer(unknown=unknown)
+    ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
+    classes, scale = _classes_and_scale(ex, split, task, labels)
+    _check_output(out, overwrite)
+    adapters = (lora_rank, float(lora_alpha), float(lora_dropout)) if lora else None
+    net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, freeze, seed,
+                             gradient_checkpointing, adapters)
+    tok = replace(net.tokenizer, unknown=unknown)
+    part = {s: np.flatnonzero(split == s) for s in SPLITS}
+    data = _encode(ex, part, task, classes, tok)
+    settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds)
+    module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by)
+    with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
+        try:
+            fit = pl.Trainer(default_root_dir=root, **settings)
+        except (TypeError, ValueError) as e:  # an unknown or bad trainer.* setting (MisconfigurationException too)
+            raise UserError(f"trainer: {first_line(e)}") from e
+        with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}", remove=True):
+            _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
+            probe, seconds = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale,
+                                    probe_baseline or head_init == "probe", head_init)
+            net = module.net
+            if lora:
+                net.merge_lora()
+            net = net.cpu().eval()
+            predictions, scores = predict(net, data["test"], max_tokens, classes, scale)
+            test_labels_ = [ex.labels[i] for i in part["test"]]
+            result = metrics(task, classes, test_labels_, predictions, scores)
+            result["baseline"] = baseline(task, [ex.labels[i] for i in part["train"]], test_labels_)
+            result.update(proteins={s: int(len(idx)) for s, idx in part.items()}, steps=int(fit.global_step),
+                          epochs=int(fit.current_epoch), train_seconds=round(seconds, 2),
+                          best_val_loss=module.best_loss if module.best is not None else None,
+                          head_init=head_init, probe=probe, best_epoch=module.best_epoch,
+                          selection=selection_summary(module.candidates, module.best_name, select_by))
+            meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
+                    "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
+                    "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
+                    "select_by": select_by,
+                    "lora": dict(zip(("rank", "alpha", "dropout"), adapters)) if lora else None,
+                    "model": net.encoder.config.to_dict(), "source": str(ckpt)}
+            _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
+                           predictions, scores)
+    return result
+
+
+def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
+                    head_init, select_by, schedule, warmup, lora, freeze) -> str:
+    """Each setting checked before any file is read (one line naming the key); returns ``select_by``
+    with auto resolved to the task's metric."""
+    for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
+        if not 0 <= v < 1:
+            raise UserError(f"{key}={v}: a fraction in [0, 1)")
+    check_progress(progress_every, progress_seconds)
+    if int(max_tokens) < 1:
+        raise UserError(f"max_tokens={max_tokens}: must be positive")
+    if head_init not in ("probe", "random"):
+        raise UserError(f"head_init={head_init!r}: choose probe or random")
+    choices = ("auto", "loss", *SELECT_BY.get(task, ()))
+    if select_by not in choices:
+        raise UserError(f"select_by={select_by!r}: for task={task} choose one of {', '.join(choices)}")
+    select_by = SELECT_BY[task][0] if select_by == "auto" and task in SELECT_BY else select_by
+    if schedule not in ("constant", "linear"):
+        raise UserError(f"schedule={schedule!r}: choose constant or linear (warmup, then down to 0 at the last epoch)")
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
+        raise UserError(f"warmup={warmup}: a fraction of the steps in [0, 1)")
+    if lora and str(freeze).lower() != "none":
+        raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
+                        f"block; leave freeze=none")
+    return select_by
+
+
+def _examples(labels, task: str, sequences, test_labels, tok: Tokenizer, valid_fraction: float,
+              test_fraction: float, seed: int) -> tuple[Examples, np.ndarray]:
+    """The labeled proteins (``labels`` and ``test_labels``, read and checked) and the split of each."""
+    ex = read_examples(labels, task, sequences, tok)
+    if test_labels is not None:
+        more = read_examples(test_labels, task, sequences, tok)
+        if ex.split[0] is None:  # the test proteins are given: labels holds train (and valid)
+            ex.split = ["train"] * len(ex.split)
+        ex = Examples(ex.ids + more.ids, ex.seqs + more.seqs, ex.labels + more.labels,
+                      ex.split + ["test"] * len(more.ids))
+    split = assign_splits(ex, valid_fraction, test_fraction, seed, str(labels),
+                          strata=ex.labels if task == "classification" else None)
+    # probe's rule: test proteins (by sequence) that the model trains on are refused, or warned of with counts
+    check_test_overlap([q for q, s in zip(ex.seqs, split) if s != "test"],
+                       [q for q, s in zip(ex.seqs, split) if s == "test"], test_labels or labels)
+    if task == "classification":
+        check_classes(ex.labels, labels)
+    return ex, split
+
+
+def _classes_and_scale(ex: Examples, split: np.ndarray, task: str, labels) -> tuple[list, tuple[float, float]]:
+    """The classes in sorted order (none for regression), and the regression target's (mean, std) on
+    the training split (the head learns standardized values; (0, 1) for the other tasks)."""
+    classes = (sorted({c for lab in ex.labels for c in lab}) if task == "residue"
+               else sorted(set(ex.labels)) if task == "classification" else [])
+    if task != "regression" and len(classes) < 2:
+        raise UserError(f"labels {labels}: one class only ({classes[0]!r}); nothing to learn")
+    train_y = np.array([y for y, s in zip(ex.labels, split) if s == "train"] if task == "regression" else [])
+    scale = (float(train_y.mean()), float(train_y.std()) or 1.0) if task == "regression" else (0.0, 1.0)
+    return classes, scale
+
+
+def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: str, dropout: float, window: int,
+               freeze, seed: int, gradient_checkpointing: bool, lora) -> tuple[FineTuneNet, int]:
+    """The checkpoint's encoder and a seeded new head, frozen, adapted (``lora``: (rank, alpha, dropout),
+    or false) and checkpointed as asked; returns it and the window (capped at the longest protein)."""
+    longest = max(len(s) for s in ex.seqs) + 2
+    if task == "residue" and isinstance(window, int) and not isinstance(window, bool) and window > longest - 3:
+        # the head's context cannot reach past the longest protein: beyond it, only cost
+        log.warning("window=%d: capped at %d, the longest protein's length less one (%d residues); a wider "
+                    "window sees nothing more and costs window x length per protein", window, longest - 3,
+                    longest - 2)
+        window = longest - 3
+    encoder = load_model(ckpt).net.encoder
+    if encoder.pos_embed is not None and longest > encoder.max_positions:
+        raise UserError(f"labels {labels}: a protein of {longest - 2} residues is longer than the model's learned "
+                        f"positions (model.max_positions={encoder.max_positions})")
+    torch.manual_seed(seed)
+    net = FineTuneNet(encoder, task, 1 if task == "regression" else len(classes), pooling, dropout, window)
+    net.freeze(freeze)
+    if lora:
+        net.add_lora(*lora)
+    if gradient_checkpointing:
+        net.checkpoint_blocks()
+    return net, window
+
+
+def _encode(ex: Examples, part: dict, task: str, classes: list, tok: Tokenizer) -> dict[str, Encoded]:
+    """Each split's proteins as tokens and targets (a class index, a value, or a class index per residue)."""
+    index = {c: i for i, c in enumerate(classes)}
+    tokens = [tok.encode(s) for s in ex.seqs]
+    targets = [float(y) if task == "regression" else
+               np.array([index[c] for c in y]) if task == "residue" else index[y] for y in ex.labels]
+    return {s: Encoded([tokens[i] for i in idx], [targets[i] for i in idx]) for s, idx in part.items()}
+
+
+def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progress_every, progress_seconds):
+    """pl.Trainer's keyword arguments (finetune's defaults under ``trainer``'s), with early stopping on the
+    validation loss and the progress lines; and trainer.max_time in seconds (None: not set)."""
+    settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
+                "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
+                **(trainer or {})}
+    seconds = time_budget(settings.get("max_time"))
+    if schedule == "linear" and settings.get("max_epochs") == -1 and settings.get("max_steps", -1) == -1 \
+            and seconds is None:
+        raise UserError("schedule=linear falls to 0 at the last step: set trainer.max_epochs, trainer.max_steps or "
+                        "trainer.max_time, or use schedule=constant")
+    settings["enable_progress_bar"], progress = lightning_progress(
+        settings.get("enable_progress_bar", True), "finetune", every=progress_every, seconds=progress_seconds,
+        epochs=True)
+    settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
+                                                       check_on_train_epoch_end=False), *progress]
+    return settings, seconds
+
+
+def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
+           scale: tuple[float, float], probe: bool, head_init: str) -> tuple[dict | None, float]:
+    """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
+    unless head_init=probe, the epochs trained, and the best candidate's weights put back; returns
+    what the probe fitted (None: no probe) and the seconds it all took."""
+    net = module.net
+    pl.seed_everything(seed, verbose=False)
+    start = time.perf_counter()
+    random_head = {k: v.clone() for k, v in net.head.state_dict().items()}
+    fitted = probe_head_init(net, data["train"], max_tokens, scale, seed) if probe else None  # the baseline
+    valid = _loader(data["valid"], pad_id, max_tokens)
+    if fitted is not None:  # the probe is a candidate for the kept weights (head_init=probe: the start)
+        module.stage = "probe"
+        fit.validate(module, valid, verbose=False)
+    if head_init == "random":
+        net.head.load_state_dict(random_head)
+    net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
+    fit.fit(module, _loader(data["train"], pad_id, max_tokens, train=True, seed=seed), valid)
+    seconds = time.perf_counter() - start
+    if module.best is not None:
+        net.load_state_dict(module.best, strict=False)
+    return fitted, seconds
