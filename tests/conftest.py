@@ -111,3 +111,17 @@ def import_fla(module: str):
             return importlib.import_module(module), None
         except Exception as e:  # noqa: BLE001 - any import failure means: no fla here
             return None, f"flash-linear-attention not installed (pip install '.[gpu]'): {type(e).__name__}"
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, str]:
+    """A tiny masked-LM and a tiny causal-LM checkpoint (training amino-acid frequencies uniform over the
+    25 residue tokens): {"mlm": path, "clm": path}."""
+    import torch
+
+    from protein_performer.training.task import ProteinLM
+    d = tmp_path_factory.mktemp("ckpts")
+    torch.manual_seed(0)
+    freqs = [0.0] * 5 + [1 / 25] * 25
+    return {obj: save_checkpoint(ProteinLM(model=TINY_MODEL, objective=obj, aa_frequencies=freqs), d / f"{obj}.ckpt")
+            for obj in ("mlm", "clm")}

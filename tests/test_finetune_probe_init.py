@@ -108,19 +108,25 @@ def test_probed_residue_head_gives_the_probes_probabilities(ckpt):
     np.testing.assert_allclose(probs, pipe.predict_proba(X), atol=1e-3)
 
 
+def rich_or_poor(tmp_path, n, seed):
+    """labels.csv of ``n`` random proteins, "rich" in K + E above 10 % else "poor", split test / valid /
+    train by position (every 5th, the next, the rest): (its rows, its path)."""
+    label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
+    rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
+            for k, s in enumerate(proteins(n, seed=seed))]
+    labels = tmp_path / "labels.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    return rows, labels
+
+
 # learning rates 0: the weights cannot move; 5 / 50: every epoch wrecks them, so only keeping the
 # validated probe gives the probe's predictions; head_init=random too (issue 45: the default never ends
 # below its own linear probe: the probe is fitted and validated whatever the start)
 @pytest.mark.parametrize("head_init", ["probe", "random"])
 @pytest.mark.parametrize("rates", [("0", "0"), ("5", "50")])
 def test_a_finetune_that_cannot_improve_keeps_the_probe(ckpt, tmp_path, capsys, rates, head_init):
-    seqs = proteins(150, seed=3)
-    label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
-    rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
-            for k, s in enumerate(seqs)]
-    labels = tmp_path / "labels.csv"
-    with open(labels, "w", newline="") as fh:
-        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    rows, labels = rich_or_poor(tmp_path, 150, seed=3)
     out = tmp_path / "out"
     code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                 f"output_dir={out}", f"head_init={head_init}", f"lr={rates[0]}",
@@ -189,13 +195,7 @@ def test_the_kept_weights_are_the_best_on_validation_by_the_task_metric(ckpt, tm
     """A fine-tune that can learn: every candidate's validation accuracy in metrics.json is recomputed here
     from the saved candidates' rule (the kept one has the highest accuracy, ties to the lower loss, then the
     earlier); the closing line names it and its margin over the probe."""
-    seqs = proteins(200, seed=5)
-    label = lambda s: "rich" if s.count("K") + s.count("E") > 0.1 * len(s) else "poor"  # noqa: E731
-    rows = [[f"p{k}", s, label(s), "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"]
-            for k, s in enumerate(seqs)]
-    labels = tmp_path / "labels.csv"
-    with open(labels, "w", newline="") as fh:
-        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    _, labels = rich_or_poor(tmp_path, 200, seed=5)
     code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                     f"output_dir={tmp_path / 'out'}", "lr=3e-3", "head_lr=1e-2", "dropout=0.0",
                                     "trainer.max_epochs=4", "max_tokens=1200", "patience=10", "select_by=mcc")

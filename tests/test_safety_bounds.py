@@ -15,9 +15,7 @@ import pytest
 import torch
 
 from protein_performer.errors import UserError
-from protein_performer.training.task import ProteinLM
 
-from conftest import TINY_MODEL, save_checkpoint
 from inprocess import checksums, run_main
 
 PROTEINS = {"P1": "MKTAYIAKQRQISFVKSHFSRQ", "P2": "MQIFVKTLTGKTITLEVEPSDT", "P3": "MSDNGPQNQRNAPRITFGGPSD",
@@ -26,15 +24,6 @@ TRAIN = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_f
          "data.max_len=48", "data.batch_size=16", "data.max_tokens=null", "data.crop_schedule=null",
          "data.valid_fraction=0.1", "optim.warmup_steps=2", "trainer.enable_progress_bar=false",
          "+trainer.enable_model_summary=false", "logger=none", "trainer.max_steps=3"]
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory) -> dict[str, str]:
-    d = tmp_path_factory.mktemp("ckpts")
-    torch.manual_seed(0)
-    freqs = [0.0] * 5 + [1 / 25] * 25
-    return {obj: save_checkpoint(ProteinLM(model=TINY_MODEL, objective=obj, aa_frequencies=freqs), d / f"{obj}.ckpt")
-            for obj in ("mlm", "clm")}
 
 
 @pytest.fixture(scope="module")

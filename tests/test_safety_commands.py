@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from protein_performer.training.task import ProteinLM
 
-from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
+from conftest import ROOT, run_command
 
 PROTEINS = {"P1": "MKTAYIAKQRQISFVKSHFSRQ", "P2": "MQIFVKTLTGKTITLEVEPSDT", "P3": "MSDNGPQNQRNAPRITFGGPSD",
             "P4": "MKVLAAGIVGLLLAQPALA", "P5": "MSTNPKPQRKTKRNTNRRPQDVKFPGG"}
@@ -76,15 +75,6 @@ def assert_only_added(before: dict, after: dict, added: set[str]) -> None:
     """Every file that was there is unchanged; the new ones are exactly ``added``."""
     assert {k: after.get(k) for k in before} == before
     assert set(after) - set(before) == added
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory) -> dict[str, str]:
-    d = tmp_path_factory.mktemp("ckpts")
-    torch.manual_seed(0)
-    freqs = [0.0] * 5 + [1 / 25] * 25
-    return {obj: save_checkpoint(ProteinLM(model=TINY_MODEL, objective=obj, aa_frequencies=freqs), d / f"{obj}.ckpt")
-            for obj in ("mlm", "clm")}
 
 
 @pytest.fixture
