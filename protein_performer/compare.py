@@ -70,12 +70,6 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
     a bucket to separate kernels. Every output goes through the output guard: a report or JSON
     compare did not write (``output_dir``'s journal; a doc without :data:`GENERATED_END`) is
     replaced only with ``overwrite`` (after a warning line)."""
-    import time
-
-    from omegaconf import OmegaConf
-
-    from .training.run import train
-
     out = Path(output_dir)
     held = {"heldout.path": heldout, **({"heldout.long_path": long_heldout} if long_heldout else {})}
     data = [o.split("=", 1)[1] for o in train_overrides if o.startswith("data.path=")]
@@ -106,31 +100,8 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
         for name in models:
             extras[name] += [f"trainer.max_steps={calibration['steps'][name]}", "trainer.max_time=null"]
     for name in models:
-        run_dir = out / "runs" / name
-        last = run_dir / "checkpoints" / "last.ckpt"
-        summary_path = run_dir / "train_summary.json"
-        extra = extras[name]
-        # overwrite: a run folder without train_summary.json is an unfinished run, trained afresh
-        cfg = compose_train_config([f"model={name}", *train_overrides, *extra, "overwrite=true"])
-        settings = run_settings(OmegaConf.to_container(cfg, resolve=True))
-        old = json.loads(summary_path.read_text()) if reuse and last.is_file() and summary_path.is_file() else None
-        if old is not None and old.get("settings") == settings:
-            train_info[name] = {k: v for k, v in old.items() if k != "settings"}
-            log.info("%s: reusing %s (same training settings)", name, last)
-        else:
-            if old is not None:
-                log.warning("%s: %s was trained with other settings (%s); training it again", name, run_dir,
-                            settings_diff(old.get("settings"), settings))
-            t0 = time.time()
-            summary, task = train(cfg, run_dir)
-            info = {"train_seconds": round(time.time() - t0, 1),
-                    "parameters": sum(p.numel() for p in task.parameters()),
-                    "val_perplexity": summary.get("val/perplexity"), "val_accuracy": summary.get("val/accuracy"),
-                    "max_steps": int(cfg.trainer.max_steps), "kernel": cfg.model.attention.kernel,
-                    "extra_overrides": extra}
-            write_json(summary_path, {**info, "settings": settings}, indent=2)
-            train_info[name] = info
-        ckpts.append(str(last))
+        train_info[name] = train_or_reuse(name, out / "runs" / name, train_overrides, extras[name], reuse)
+        ckpts.append(str(out / "runs" / name / "checkpoints" / "last.ckpt"))
     results = evaluate(ckpts, heldout, out / "eval", names=list(models), overwrite=overwrite, **eval_kwargs)
     long_results = evaluate(ckpts, long_heldout, out / "eval_long", names=list(models), overwrite=overwrite,
                             **eval_kwargs) \
@@ -146,6 +117,34 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
                              command=command, exact_name=exact_name, title=title, calibration=calibration,
                              long_heldout=long_heldout)
     return results
+
+
+def train_or_reuse(name: str, run_dir: Path, train_overrides: Sequence[str], extra: list[str], reuse: bool) -> dict:
+    """Model ``name`` trained into ``run_dir`` (or, with ``reuse``, a finished run there made with the same
+    training settings, :func:`run_settings`): what the report says of its training."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    from .training.run import train
+    last, summary_path = run_dir / "checkpoints" / "last.ckpt", run_dir / "train_summary.json"
+    # overwrite: a run folder without train_summary.json is an unfinished run, trained afresh
+    cfg = compose_train_config([f"model={name}", *train_overrides, *extra, "overwrite=true"])
+    settings = run_settings(OmegaConf.to_container(cfg, resolve=True))
+    old = json.loads(summary_path.read_text()) if reuse and last.is_file() and summary_path.is_file() else None
+    if old is not None and old.get("settings") == settings:
+        log.info("%s: reusing %s (same training settings)", name, last)
+        return {k: v for k, v in old.items() if k != "settings"}
+    if old is not None:
+        log.warning("%s: %s was trained with other settings (%s); training it again", name, run_dir,
+                    settings_diff(old.get("settings"), settings))
+    t0 = time.time()
+    summary, task = train(cfg, run_dir)
+    info = {"train_seconds": round(time.time() - t0, 1), "parameters": sum(p.numel() for p in task.parameters()),
+            "val_perplexity": summary.get("val/perplexity"), "val_accuracy": summary.get("val/accuracy"),
+            "max_steps": int(cfg.trainer.max_steps), "kernel": cfg.model.attention.kernel, "extra_overrides": extra}
+    write_json(summary_path, {**info, "settings": settings}, indent=2)
+    return info
 
 
 def check_time_budget(time_budget, calibration_reps) -> None:

@@ -332,11 +332,7 @@ def _subsample(idx: np.ndarray, n: int | None, rng: np.random.Generator) -> np.n
     return idx if n is None or len(idx) <= n else np.sort(rng.choice(idx, n, replace=False))
 
 
-def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | None = None, *, task: str = "auto",
-              pooling: str = "mean", layer: int | None = None, folds: int = 5, seed: int = 0,
-              baseline: bool = True, shuffle_control: bool = True, max_train: int | None = None,
-              max_test: int | None = None) -> dict:
-    """The probe experiment; returns a JSON-ready dict of scores and counts."""
+def check_probe_settings(task: str, folds, max_train, max_test) -> None:
     if task not in ("auto", "classification", "regression"):
         raise UserError(f"task={task!r}: choose auto, classification or regression")
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
@@ -344,6 +340,26 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
     for key, cap in (("max_train", max_train), ("max_test", max_test)):
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise UserError(f"{key}={cap!r}: a positive number of proteins, or null for all")
+
+
+def train_and_test_rows(tables: list, folds: int) -> tuple[list, str]:
+    """([(table, its training rows)] + [(table, its test rows)] when there is a test set), and the protocol:
+    a second labels file is the test set, else the split column's "test" rows, else cross-validation."""
+    if len(tables) > 1:
+        return [(t, list(range(len(t.ids)))) for t in tables[:2]], "test file"
+    if tables[0].split is not None:
+        sp = tables[0].split
+        return [(tables[0], [i for i, s in enumerate(sp) if s != "test"]),
+                (tables[0], [i for i, s in enumerate(sp) if s == "test"])], "split column"
+    return [(tables[0], list(range(len(tables[0].ids))))], f"{folds}-fold cross-validation"
+
+
+def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | None = None, *, task: str = "auto",
+              pooling: str = "mean", layer: int | None = None, folds: int = 5, seed: int = 0,
+              baseline: bool = True, shuffle_control: bool = True, max_train: int | None = None,
+              max_test: int | None = None) -> dict:
+    """The probe experiment; returns a JSON-ready dict of scores and counts."""
+    check_probe_settings(task, folds, max_train, max_test)
     ids, X = load_embeddings(embeddings, pooling, layer)
     row = {rid: i for i, rid in enumerate(ids)}
     tables = [read_labels(labels)] + ([read_labels(test_labels)] if test_labels else [])
@@ -363,17 +379,7 @@ def run_probe(embeddings: str | Sequence[str], labels: str, test_labels: str | N
         seqs = [t.seqs[i] for i in keep] if t.seqs is not None else None
         return np.array([row[t.ids[i]] for i in keep], dtype=np.int64), y, seqs, len(which) - len(keep)
 
-    if test_labels:
-        parts = [(tables[0], list(range(len(tables[0].ids)))), (tables[1], list(range(len(tables[1].ids))))]
-        protocol = "test file"
-    elif tables[0].split is not None:
-        sp = tables[0].split
-        parts = [(tables[0], [i for i, s in enumerate(sp) if s != "test"]),
-                 (tables[0], [i for i, s in enumerate(sp) if s == "test"])]
-        protocol = "split column"
-    else:
-        parts = [(tables[0], list(range(len(tables[0].ids))))]
-        protocol = f"{folds}-fold cross-validation"
+    parts, protocol = train_and_test_rows(tables, folds)
     gathered = [gather(t, w) for t, w in parts]
     missing = sum(g[3] for g in gathered)
     if missing:

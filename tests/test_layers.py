@@ -158,3 +158,12 @@ def test_no_public_function_name_is_defined_in_two_modules():
                 homes.setdefault(node.name, []).append(str(rel))
     twice = {name: where for name, where in homes.items() if len(where) > 1}
     assert not twice, f"public functions defined in two modules: {twice}"
+
+
+def test_no_function_in_the_package_is_longer_than_80_lines():
+    """Issue 43: a function a reader can hold in one screen (split into named steps beyond that)."""
+    pkg = ROOT / "protein_performer"
+    long = [f"{p.relative_to(pkg.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in sorted(pkg.rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 80]
+    assert not long, long

@@ -233,6 +233,32 @@ def choose_best(trainer: pl.Trainer, callback: ModelCheckpoint, val_loss: float 
     return best, best != old
 
 
+def save_final(trainer: pl.Trainer, checkpoint, written, ckpt_dir: Path, summary: dict) -> tuple[Path, Path | None]:
+    """last.ckpt (max_steps can end between validations, when the callback saves nothing: the final step
+    is kept), and best-*.ckpt when the final state is the best: (last, best)."""
+    old_best = checkpoint.best_model_path
+    best, final_is_best = choose_best(trainer, checkpoint, summary.get("val/loss"))
+    last = ckpt_dir / "last.ckpt"
+    if trainer.is_global_zero:
+        save_whole(written, last, lambda tmp: trainer.save_checkpoint(tmp, weights_only=False))
+    else:
+        trainer.save_checkpoint(last, weights_only=False)
+    if final_is_best and trainer.is_global_zero:
+        save_whole(written, best, lambda tmp: shutil.copyfile(last, tmp))  # the final state, as last.ckpt
+        # only this folder's own old best: a resume from another run's folder never deletes its files
+        if old_best and Path(old_best) != best and Path(old_best).parent.resolve() == ckpt_dir.resolve():
+            written.remove(old_best)
+    return last, best
+
+
+def print_summary(summary: dict, ckpt_dir: Path) -> None:
+    ppl, base = summary.get("val/perplexity", math.nan), summary.get("val/baseline_perplexity", math.nan)
+    acc, base_acc = summary.get("val/accuracy", math.nan), summary.get("val/baseline_accuracy", math.nan)
+    print(f"\nvalidation: perplexity {ppl:.3f} (amino-acid frequency baseline {base:.3f}), "
+          f"accuracy {acc:.2%} (baseline {base_acc:.2%})")
+    print(f"checkpoints: {ckpt_dir}")
+
+
 def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model,
           overrides: list[str] | None = None) -> tuple[dict, ProteinLM]:
     """Train per ``cfg``; checkpoints in ``run_dir/checkpoints``. Returns the final
@@ -299,25 +325,9 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         results = trainer.validate(task, datamodule=datamodule, verbose=False)[0]
         summary = {k: float(v) for k, v in results.items()}
-        old_best = checkpoint.best_model_path
-        best, final_is_best = choose_best(trainer, checkpoint, summary.get("val/loss"))
-        # max_steps can end between validations, when the callback saves nothing: keep the final step
-        last = ckpt_dir / "last.ckpt"
-        if trainer.is_global_zero:
-            save_whole(written, last, lambda tmp: trainer.save_checkpoint(tmp, weights_only=False))
-        else:
-            trainer.save_checkpoint(last, weights_only=False)
-        if final_is_best and trainer.is_global_zero:
-            save_whole(written, best, lambda tmp: shutil.copyfile(last, tmp))  # the final state, as last.ckpt
-            # only this folder's own old best: a resume from another run's folder never deletes its files
-            if old_best and Path(old_best) != best and Path(old_best).parent.resolve() == ckpt_dir.resolve():
-                written.remove(old_best)
+        last, best = save_final(trainer, checkpoint, written, ckpt_dir, summary)
     if trainer.is_global_zero:
-        ppl, base = summary.get("val/perplexity", math.nan), summary.get("val/baseline_perplexity", math.nan)
-        acc, base_acc = summary.get("val/accuracy", math.nan), summary.get("val/baseline_accuracy", math.nan)
-        print(f"\nvalidation: perplexity {ppl:.3f} (amino-acid frequency baseline {base:.3f}), "
-              f"accuracy {acc:.2%} (baseline {base_acc:.2%})")
-        print(f"checkpoints: {ckpt_dir}")
+        print_summary(summary, ckpt_dir)
     if is_wandb(logger):
         if cfg.logger.get("log_model") and trainer.is_global_zero:
             log_checkpoints(logger, [last] + ([best] if best is not None else []),
