@@ -124,3 +124,17 @@ def test_config_refuses_local_heads_outside_the_heads():
         ModelConfig(attention={"local_heads": 4})
     with pytest.raises(UserError, match="model.attention.local_window must be a positive integer, got 0"):
         ModelConfig(attention={"local_heads": 1, "local_window": 0})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_mask_one_forward_shares_fits_every_head_of_a_padded_batch(causal):
+    """masks.AttentionMasks builds the additive band once per forward for all layers: with padding it is
+    per protein and per local head (2 of each here); through it, the blockwise path equals the band."""
+    from protein_performer.attention.masks import AttentionMasks
+    q, k, v = qkv(45, H=2)
+    pad = padding(2, 45)
+    bias = AttentionMasks(pad, 45).local_bias(6, causal, 2, q.dtype, q.device)
+    got = local_attention(q, k, v, 6, causal, pad, bias=bias)
+    ref = local_softmax_attention(q, k, v, 6, causal, pad)
+    real = ~pad[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[real], ref[real], rtol=1e-12, atol=1e-12)

@@ -136,7 +136,7 @@ class FusedFavorAttention(torch.autograd.Function):
 
 class WholeFavorAttention(torch.autograd.Function):
     """:class:`FusedFavorAttention` with the whole sequence as one block (a GPU: a fixed, small number of
-    ops, no loop and no CPU cache budget); the same arguments but ``one_block``.  The keys' features are
+    ops, no loop and no CPU cache budget), with the same arguments.  The keys' features are
     exp(u - M) with M the maximum of u over the whole (L, r) slab: the same numbers as the blockwise
     path's exp(u - m_j) exp(m_j - M), in one exponential.  The backward recomputes the features from
     the d-wide inputs (O(L d) kept per head, as there)."""

@@ -22,6 +22,7 @@ import time
 from typing import Callable, TextIO
 
 import pytorch_lightning as pl
+import torch
 
 from ..errors import UserError
 
@@ -101,13 +102,16 @@ class ProgressLines:
         self.closed = False
 
     # --- counting ----------------------------------------------------------------------
-    def update(self, n_items: float = 1, *, rated: float | None = None, **fields) -> str | None:
-        """Count ``n_items`` (and ``rated`` for the rate); the printed line, or None."""
+    def update(self, n_items: float = 1, *, rated=None, **fields) -> str | None:
+        """Count ``n_items`` (and ``rated`` for the rate: a number, or a device tensor that is read only
+        when a line is printed); the printed line, or None.  A field may be a callable, called only then
+        (a training loop's mean loss: no device sync on the steps that print nothing)."""
         self.done += n_items
         self.rated += n_items if rated is None else rated
         self.updates += 1
         now = self.clock()
         if (self.every and self.updates >= self.every) or (self.seconds and now - self.last_time >= self.seconds):
+            fields = {k: v() if callable(v) else v for k, v in fields.items()}
             return self._emit(self.line(now, **fields), now)
         return None
 
@@ -127,7 +131,7 @@ class ProgressLines:
     def rate(self, now: float | None = None, overall: bool = False) -> float | None:
         now = self.clock() if now is None else now
         seconds = now - (self.start if overall else self.last_time)
-        items = self.rated - (0.0 if overall else self.last_rated)
+        items = float(self.rated - (0.0 if overall else self.last_rated))
         return items / seconds if seconds > 0 else None
 
     # --- lines -------------------------------------------------------------------------
@@ -203,22 +207,26 @@ def progress_bar(total: float | None, what: str, unit: str, *, stream: TextIO | 
 
 
 # --- Lightning -------------------------------------------------------------------------------
-def _tokens(batch) -> int:
-    """Non-padding tokens of a batch (``padding_mask``: True at padding), else its rows."""
+def _tokens(batch):
+    """Non-padding tokens of a batch (``padding_mask``: True at padding; a device tensor, not read here),
+    else its tokens, else 0."""
     if isinstance(batch, dict):
         mask = batch.get("padding_mask")
         if mask is not None:
-            return int((~mask).sum())
+            return (~mask).sum()
         tokens = batch.get("tokens")
         if tokens is not None:
             return int(tokens.numel())
     return 0
 
 
-def _loss(outputs) -> float | None:
+def _loss(outputs) -> torch.Tensor | None:
+    """The step's loss as a detached float32 tensor on its device (not read here: no sync per step)."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    if loss is None:
+        return None
     try:
-        return float(loss.detach()) if hasattr(loss, "detach") else None if loss is None else float(loss)
+        return loss.detach().float().reshape(()) if hasattr(loss, "detach") else torch.tensor(float(loss))
     except (TypeError, ValueError, RuntimeError):
         return None
 
@@ -278,9 +286,11 @@ class ProgressCallback(pl.Callback):
             return
         self.tokens += _tokens(batch) * trainer.world_size
         loss = _loss(outputs)
-        if loss is not None and math.isfinite(loss):
-            self.loss_sum, self.loss_n = self.loss_sum + loss, self.loss_n + 1
-            self.epoch_loss_sum, self.epoch_loss_n = self.epoch_loss_sum + loss, self.epoch_loss_n + 1
+        if loss is not None:  # summed on the device, non-finite steps left out: read when a line prints
+            finite = torch.isfinite(loss)
+            loss = torch.where(finite, loss, 0.0)
+            self.loss_sum, self.loss_n = self.loss_sum + loss, self.loss_n + finite
+            self.epoch_loss_sum, self.epoch_loss_n = self.epoch_loss_sum + loss, self.epoch_loss_n + finite
         step = trainer.global_step
         if step == self.last_step:  # gradient accumulation: the step is not over yet
             return
@@ -289,12 +299,17 @@ class ProgressCallback(pl.Callback):
         if not (self.steps and trainer.is_global_zero):
             self.lines.done += n
             return
-        mean = self._mean_loss()
+        shown = []
+
+        def mean() -> float | None:
+            shown.append(self._mean_loss())
+            return shown[-1]
         if self.lines.update(n, rated=tokens, loss=mean) is not None:
-            self.loss_sum, self.loss_n, self.shown_loss = 0.0, 0, mean
+            self.loss_sum, self.loss_n, self.shown_loss = 0.0, 0, shown[-1]
 
     def _mean_loss(self) -> float | None:
-        return self.loss_sum / self.loss_n if self.loss_n else None
+        n = int(self.loss_n)
+        return float(self.loss_sum) / n if n else None
 
     def on_validation_end(self, trainer, pl_module):
         if not self.epochs or self.lines is None or trainer.sanity_checking or trainer.state.fn != "fit":
@@ -314,8 +329,8 @@ class ProgressCallback(pl.Callback):
         max_epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
         head = f"epoch {epoch}" + (f"/{max_epochs}" if max_epochs else "")
         parts = [head, f"step {trainer.global_step:,}"]
-        if self.epoch_loss_n:
-            parts.append(_field("train loss", self.epoch_loss_sum / self.epoch_loss_n))
+        if int(self.epoch_loss_n):
+            parts.append(_field("train loss", float(self.epoch_loss_sum) / int(self.epoch_loss_n)))
         if metric is not None:
             parts.append(_field(self.monitor, metric) + ("" if self.best is None else f" (best {self.best:.4f})"))
         parts.append(f"elapsed {duration(elapsed)}")
