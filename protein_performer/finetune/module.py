@@ -19,6 +19,20 @@ def _state(net: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in net.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+def encoder_groups(encoder: nn.Module, lr: float, decay: float = 1.0) -> list[tuple[list, float]]:
+    """The encoder's trainable parameters as (parameters, rate) groups: layer-wise rate decay (ELECTRA,
+    BEiT): the final norm and the last block at ``lr``, each block below it ``decay`` times the one
+    above, the embeddings ``decay`` times the first block.  decay = 1: one group at ``lr``."""
+    trainable = lambda m: [p for p in m.parameters() if p.requires_grad] if m is not None else []  # noqa: E731
+    if decay == 1.0:
+        layers = [trainable(encoder)]
+    else:
+        top = trainable(encoder.norm) + (trainable(encoder.blocks[-1]) if len(encoder.blocks) else [])
+        below = [trainable(b) for b in reversed(encoder.blocks[:-1])]
+        layers = [top, *below, trainable(encoder.embed) + trainable(encoder.pos_embed)]
+    return [(params, lr * decay ** i) for i, params in enumerate(layers) if params]
+
+
 class FineTuner(pl.LightningModule):
     """Loss, optimizer, and the best validated weights (kept in memory, put back at the end): every
     validation is a candidate (``stage``: "probe" for the probed head before training, then each
@@ -27,12 +41,13 @@ class FineTuner(pl.LightningModule):
     ``lr``: the encoder's rate (or its LoRA adapters'), ``head_lr`` the head's; ``scale``: the
     regression target's (mean, std), the head trained on standardized values; ``schedule``:
     ``constant`` or ``linear`` (:func:`~.schedule.warmup_linear` over ``warmup`` of the steps,
-    ``seconds``: trainer.max_time)."""
+    ``seconds``: trainer.max_time); ``layer_decay``: :func:`encoder_groups`."""
 
     def __init__(self, net: FineTuneNet, lr: float, head_lr: float, weight_decay: float,
                  scale: tuple[float, float], schedule: str = "constant", warmup: float = 0.0,
-                 seconds: float | None = None, select_by: str = "loss"):
+                 seconds: float | None = None, select_by: str = "loss", layer_decay: float = 1.0):
         super().__init__()
+        self.layer_decay = layer_decay
         self.net, self.best, self.best_loss, self._val = net, None, math.inf, []
         self.lr, self.head_lr, self.weight_decay, self.scale = lr, head_lr, weight_decay, scale
         self.schedule, self.warmup, self.seconds, self.select_by = schedule, warmup, seconds, select_by
@@ -84,9 +99,8 @@ class FineTuner(pl.LightningModule):
             self.best_epoch = self.trainer.current_epoch + 1 if fitting else 0
 
     def configure_optimizers(self):
-        enc = [p for p in self.net.encoder.parameters() if p.requires_grad]
-        groups = [{"params": list(self.net.head.parameters()), "lr": self.head_lr}] + (
-            [{"params": enc, "lr": self.lr}] if enc else [])
+        groups = [{"params": list(self.net.head.parameters()), "lr": self.head_lr}] + [
+            {"params": params, "lr": lr} for params, lr in encoder_groups(self.net.encoder, self.lr, self.layer_decay)]
         opt = torch.optim.AdamW(groups, weight_decay=self.weight_decay)
         if self.schedule == "constant":
             return opt

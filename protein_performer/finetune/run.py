@@ -43,7 +43,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
-             probe_baseline: bool = True) -> dict:
+             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "loss") -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
@@ -56,7 +56,10 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     (``probe_baseline``; false: only the epochs compete, head_init=random), and the weights kept are
     the best of the probe and every epoch on the validation split by ``select_by`` (auto: accuracy,
     Spearman or residue accuracy; or macro_f1, mcc, loss), so fine-tuning never ends below its own
-    probe on validation.  ``schedule``: ``constant`` rates, or ``linear``
+    probe on validation.  ``layer_decay``: each encoder block below the last trains at this times the
+    rate of the one above (:func:`~.module.encoder_groups`; 1: one rate).  ``stop_on``: early stopping
+    (``patience``) watches the validation ``loss`` or the ``metric`` that ``select_by`` names.
+    ``schedule``: ``constant`` rates, or ``linear``
     (:func:`~.schedule.warmup_linear`: up over the first ``warmup`` share of the trainer's steps, then
     down to 0 at its last).  Progress: one line per epoch (the validation loss, its best, the ETA) on
     stdout; with the trainer's progress bar on and stdout not a terminal, also a line every
@@ -65,7 +68,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                                head_init, select_by, schedule, warmup, lora, freeze)
+                                head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on)
     if window is None:
         window = RESIDUE_WINDOW if task == "residue" else 0
     tok = Tokenizer(unknown=unknown)
@@ -78,8 +81,9 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     tok = replace(net.tokenizer, unknown=unknown)
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = _encode(ex, part, task, classes, tok)
-    settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds)
-    module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by)
+    settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
+                                          "loss" if stop_on == "loss" else select_by)
+    module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
         try:
             fit = pl.Trainer(default_root_dir=root, **settings)
@@ -105,7 +109,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
                     "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
-                    "select_by": select_by,
+                    "select_by": select_by, "layer_decay": float(layer_decay), "stop_on": stop_on,
                     "lora": dict(zip(("rank", "alpha", "dropout"), adapters)) if lora else None,
                     "model": net.encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
@@ -114,7 +118,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                    head_init, select_by, schedule, warmup, lora, freeze) -> str:
+                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay=1.0, stop_on="loss") -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -136,6 +140,10 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     if lora and str(freeze).lower() != "none":
         raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
                         f"block; leave freeze=none")
+    if isinstance(layer_decay, bool) or not isinstance(layer_decay, (int, float)) or not 0 < layer_decay <= 1:
+        raise UserError(f"layer_decay={layer_decay}: a factor in (0, 1] (1: every block at lr)")
+    if stop_on not in ("loss", "metric"):
+        raise UserError(f"stop_on={stop_on!r}: choose loss or metric (the one select_by names)")
     return select_by
 
 
@@ -205,9 +213,11 @@ def _encode(ex: Examples, part: dict, task: str, classes: list, tok: Tokenizer) 
     return {s: Encoded([tokens[i] for i in idx], [targets[i] for i in idx]) for s, idx in part.items()}
 
 
-def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progress_every, progress_seconds):
+def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progress_every, progress_seconds,
+                      watch: str = "loss"):
     """pl.Trainer's keyword arguments (finetune's defaults under ``trainer``'s), with early stopping on the
-    validation loss and the progress lines; and trainer.max_time in seconds (None: not set)."""
+    validation ``watch`` (loss, or a metric: higher is better) and the progress lines; and trainer.max_time
+    in seconds (None: not set)."""
     settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                 "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                 **(trainer or {})}
@@ -219,7 +229,8 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
     settings["enable_progress_bar"], progress = lightning_progress(
         settings.get("enable_progress_bar", True), "finetune", every=progress_every, seconds=progress_seconds,
         epochs=True)
-    settings["callbacks"] = [pl.callbacks.EarlyStopping("val/loss", patience=patience, mode="min",
+    settings["callbacks"] = [pl.callbacks.EarlyStopping(f"val/{watch}", patience=patience,
+                                                       mode="min" if watch == "loss" else "max",
                                                        check_on_train_epoch_end=False), *progress]
     return settings, seconds
 

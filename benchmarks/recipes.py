@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Which fine-tuning recipe transfers (issue 45, item 2): each recipe on the bundled tasks at two seeds,
+beside the frozen encoder's linear probe and amino-acid composition; the table goes into
+docs/downstream.md (between its ``recipes`` markers), the raw rows into docs/results/finetune_recipes.jsonl.
+
+    python benchmarks/recipes.py run --ckpt CKPT --recipe base --task scop --seed 0   # one run, one row
+    python benchmarks/recipes.py baseline --ckpt CKPT --task scop --seed 0           # probe + composition
+    python benchmarks/recipes.py render                                               # the table
+    python benchmarks/recipes.py study --ckpt CKPT [--lock /tmp/heavy.lock]           # every missing row, then the table
+
+Every run appends one JSON row (a later row replaces an earlier one with the same key), so a study is
+a loop of short processes: serialize them with ``flock`` and resume by skipping rows already there.
+Each recipe changes one thing against ``base`` (the downstream benchmark's recipe); the tasks are
+downstream.py's, with scop cut to 2,000 training proteins and every task to 3 epochs so that one
+recipe at one seed takes about 8 minutes on 2 cores.  A recipe is kept only if it pays on average over
+the tasks, and a task named in downstream.OUT_OF_SAMPLE is run only with the recipe finally kept.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from benchmarks import common, downstream  # noqa: E402
+
+RAW = common.DOCS / "results" / "finetune_recipes.jsonl"
+DOC = common.DOCS / "downstream.md"
+MARKERS = ("<!-- recipes: start -->", "<!-- recipes: end -->")
+#: the study's proteins per task (train, valid, test; None: all): downstream.SIZES with scop cut
+SIZES = {**downstream.SIZES, "scop": (2000, 300, None)}
+EPOCHS = 3
+STUDY_TASKS = ("signalp", "scop", "stability", "ss3")
+#: finetune's settings for every recipe (downstream.py's recipe)
+BASE = {"lr": 3e-4, "head_lr": 3e-3, "dropout": 0.0, "schedule": "linear", "max_tokens": 2048, "patience": 2,
+        "head_init": "random", "freeze": "none", "pooling": "mean", "layer_decay": 1.0, "stop_on": "loss"}
+#: recipe -> (what it changes against base, finetune settings; "epochs": the epochs' cap)
+RECIPES = {
+    "base": ("downstream.py's recipe: one encoder rate 10x below the head's, mean pooling, 3 epochs", {}),
+    "layer_decay": ("layer-wise rate decay 0.7 (blocks 1.0, 0.7, 0.49, 0.34; embeddings 0.24 x lr)",
+                    {"layer_decay": 0.7}),
+    "freeze_2": ("the embedding and the first 2 of 4 blocks frozen", {"freeze": 2}),
+    "attention_pooling": ("attention pooling instead of the mean (not for per-residue ss3)", {"pooling": "attention"}),
+    "stop_on_metric": ("up to 6 epochs, early stopping on the validation metric (patience 1)",
+                       {"stop_on": "metric", "patience": 1, "epochs": 6}),
+}
+
+
+def key(row: dict) -> tuple:
+    return row["kind"], row.get("recipe"), row["task"], row["seed"]
+
+
+def read_rows(path: Path = RAW) -> dict[tuple, dict]:
+    rows = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[key(row)] = row
+    return rows
+
+
+def append_row(row: dict, path: Path = RAW) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row, default=float) + "\n")
+
+
+def headline(task: str, metrics: dict) -> float:
+    return float(metrics[downstream.HEADLINE[task]])
+
+
+def baseline(args) -> dict:
+    """The frozen encoder's linear probe (embed's defaults) and composition, on the task's test split."""
+    import numpy as np
+
+    from protein_performer import finetune as FT
+    from protein_performer.hub.load import load_model
+    from protein_performer.probe import composition_features
+    loaded = load_model(args.ckpt)
+    task, ex, chosen, _ = downstream.load_task(args.task, SIZES[args.task], args.seed)
+    depth, tr, te = loaded.net.depth, chosen["train"], chosen["test"]
+    seqs = lambda idx: [ex.seqs[i] for i in idx]  # noqa: E731
+    if task == "residue":
+        classes = sorted({c for y in ex.labels for c in y})
+        rng = np.random.default_rng(args.seed)
+        per = max(1, FT.PROBE_RESIDUES // len(tr))  # the probe's training residues: a seeded sample (downstream.py's)
+        keep = [np.sort(rng.choice(len(ex.seqs[i]), min(len(ex.seqs[i]), per), replace=False)) for i in tr]
+        y_tr = np.array([ex.labels[i][j] for i, k in zip(tr, keep) for j in k])
+        y_te = np.array([c for i in te for c in ex.labels[i]])
+        f_tr = downstream.residue_features(loaded, seqs(tr), depth, keep)[("per_residue", depth)]
+        f_te = downstream.residue_features(loaded, seqs(te), depth)[("per_residue", depth)]
+        c_tr, c_te = downstream.residue_composition(seqs(tr), keep), downstream.residue_composition(seqs(te))
+    else:
+        classes = sorted(set(ex.labels)) if task == "classification" else []
+        y_tr, y_te = np.array([ex.labels[i] for i in tr]), np.array([ex.labels[i] for i in te])
+        f_tr = downstream.protein_features(loaded, seqs(tr), depth)[("mean", depth)]
+        f_te = downstream.protein_features(loaded, seqs(te), depth)[("mean", depth)]
+        c_tr, c_te = composition_features(seqs(tr)), composition_features(seqs(te))
+    return {"probe": downstream.probe(task, classes, f_tr, y_tr, f_te, y_te, args.seed),
+            "composition": downstream.probe(task, classes, c_tr, y_tr, c_te, y_te, args.seed),
+            "used": {s: len(i) for s, i in chosen.items()}}
+
+
+def finetune_run(args) -> dict:
+    """One recipe on one task at one seed: the test metrics of the weights finetune keeps, and which it kept."""
+    from protein_performer import finetune as FT
+    settings = {**BASE, **RECIPES[args.recipe][1], "seed": args.seed}
+    epochs = settings.pop("epochs", EPOCHS)
+    task, ex, chosen, _ = downstream.load_task(args.task, SIZES[args.task], args.seed)
+    if task == "residue":
+        settings.pop("pooling")  # a class per residue: no pooling
+        settings["window"] = FT.RESIDUE_WINDOW
+    with tempfile.TemporaryDirectory(prefix="recipes-") as tmp:
+        labels = downstream.write_labels(Path(tmp) / f"{args.task}.csv", ex, chosen)
+        r = FT.finetune(args.ckpt, labels, task, Path(tmp) / "out", overwrite=True,
+                        trainer={"max_epochs": epochs, "enable_progress_bar": False, "gradient_clip_val": 1.0,
+                                 "log_every_n_steps": 10}, **settings)
+    return {"test": {k: r[k] for k in r if isinstance(r[k], (int, float)) and not isinstance(r[k], bool)},
+            "selection": r["selection"], "epochs": r["epochs"], "train_seconds": r["train_seconds"],
+            "settings": settings, "epochs_max": epochs, "used": r["proteins"]}
+
+
+# ----------------------------------------------------------------------------- the table
+def mean_spread(values: list[float]) -> str:
+    if not values:
+        return "–"
+    m = sum(values) / len(values)
+    return f"{m:.3f}" + (f" ± {(max(values) - min(values)) / 2:.3f}" if len(values) > 1 else "")
+
+
+def render(rows: dict[tuple, dict]) -> list[str]:
+    """The study's table: per task, each recipe's mean ± half-range over the seeds run, and its average
+    change against base over the tasks both ran at the same seeds."""
+    tasks = [t for t in (*STUDY_TASKS, *downstream.OUT_OF_SAMPLE) if any(k[2] == t for k in rows)]
+    seeds = sorted({k[3] for k in rows})
+    recipes = [r for r in RECIPES if any(k[0] == "finetune" and k[1] == r for k in rows)]
+    lines = [f"Test split, {', '.join(f'{t}: {downstream.HEADLINE[downstream.TASKS[t][0]]}' for t in tasks)}; the mean over "
+             f"seeds {', '.join(map(str, seeds))} ± half their range. Δ: the recipe's mean change against base over the "
+             "study's tasks (seed by seed, the tasks both ran). probe / composition: the frozen encoder's linear "
+             "probe (embed's defaults) and amino-acid composition on the same subsample.", "",
+             "| recipe | " + " | ".join(t + (" (out of sample)" if t in downstream.OUT_OF_SAMPLE else "") for t in tasks)
+             + " | Δ vs base | kept the probe |", "|---|" + "---:|" * (len(tasks) + 2)]
+    for kind, recipe in [("finetune", r) for r in recipes] + [("baseline", "probe"), ("baseline", "composition")]:
+        cells, deltas, kept = [], [], []
+        for t in tasks:
+            values = {s: v for s in seeds if (v := test_value(rows, kind, recipe, t, s)) is not None}
+            cells.append(mean_spread(list(values.values())))
+            if kind != "finetune":
+                continue
+            base = {s: v for s in seeds if (v := test_value(rows, kind, "base", t, s)) is not None}
+            deltas += [values[s] - base[s] for s in values if s in base and t in STUDY_TASKS]
+            kept += [rows["finetune", recipe, t, s]["selection"]["kept"] == "probe" for s in values]
+        delta = f"{sum(deltas) / len(deltas):+.3f}" if deltas and recipe != "base" else "–"
+        lines.append(f"| {recipe} | " + " | ".join(cells) + f" | {delta} | "
+                     + (f"{sum(kept)} of {len(kept)}" if kept else "–") + " |")
+    lines += ["", "Recipes: " + "; ".join(f"`{r}`: {RECIPES[r][0]}" for r in recipes) + "."]
+    return lines
+
+
+def test_value(rows, kind: str, recipe: str, task: str, seed: int) -> float | None:
+    """The headline test metric of a fine-tuning run (kind "finetune") or of a baseline row's probe or
+    composition (kind "baseline", recipe "probe" | "composition"); None: not run."""
+    row = rows.get((kind, recipe, task, seed) if kind == "finetune" else (kind, None, task, seed))
+    return None if row is None else headline(downstream.TASKS[task][0], row["test" if kind == "finetune" else recipe])
+
+
+def study(a) -> None:
+    """Every baseline and recipe row of the study's tasks at seeds 0 and 1 not yet in the raw file, each
+    in its own process (under ``flock`` when --lock is given), seed 0 first; then the table."""
+    import subprocess
+    for seed in (0, 1):
+        for recipe in (None, *RECIPES):
+            for task in STUDY_TASKS:
+                if recipe == "attention_pooling" and downstream.TASKS[task][0] == "residue":
+                    continue
+                if (("baseline", None) if recipe is None else ("finetune", recipe)) + (task, seed) in read_rows(a.raw):
+                    continue
+                cmd = [sys.executable, __file__, "baseline" if recipe is None else "run", "--ckpt", a.ckpt,
+                       "--task", task, "--seed", str(seed), "--raw", str(a.raw)] + (["--recipe", recipe] if recipe else [])
+                subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
+    common.publish(render(read_rows(a.raw)), a.doc, *MARKERS)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["run", "baseline", "render", "study"])
+    ap.add_argument("--ckpt")
+    ap.add_argument("--recipe", choices=list(RECIPES), default="base")
+    ap.add_argument("--task", choices=list(downstream.TASKS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--raw", type=Path, default=RAW)
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--lock", help="study: run each part under flock on this file (one heavy job at a time)")
+    a = ap.parse_args(argv)
+    if a.what == "render":
+        lines = render(read_rows(a.raw))
+        common.publish(lines, a.doc, *MARKERS)
+        return
+    if a.what == "study" and a.ckpt:
+        return study(a)
+    if not a.ckpt or not a.task:
+        ap.error(f"{a.what} needs --ckpt" + (" and --task" if a.what != "study" else ""))
+    start = time.perf_counter()
+    result = finetune_run(a) if a.what == "run" else baseline(a)
+    row = {"kind": "finetune" if a.what == "run" else "baseline", "recipe": a.recipe if a.what == "run" else None,
+           "task": a.task, "seed": a.seed, "commit": common.git_commit(), "ckpt": a.ckpt,
+           "seconds": round(time.perf_counter() - start, 1), **result}
+    append_row(row, a.raw)
+    print(json.dumps({k: row[k] for k in ("kind", "recipe", "task", "seed", "seconds")}), flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    main()
