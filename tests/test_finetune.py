@@ -383,7 +383,10 @@ def test_a_time_budget_alone_bounds_a_linear_finetune(ckpt, tmp_path, capsys):
                               "trainer.max_steps or trainer.max_time, or use schedule=constant\n"),
     ("trainer.max_time=10min", "error: trainer.max_time='10min': give DD:HH:MM:SS (e.g. 00:00:10:00), or a dict "
                                "such as {minutes: 10}\n"),
-    ("trainer.max_time=00:00:00:00", "error: trainer.max_time=0:00:00: must be longer than 0\n")])
+    ("trainer.max_time=00:00:00:00", "error: trainer.max_time=0:00:00: must be longer than 0\n"),
+    ("layer_decay=0", "error: layer_decay=0: a factor in (0, 1] (1: every block at lr)\n"),
+    ("layer_decay=1.5", "error: layer_decay=1.5: a factor in (0, 1] (1: every block at lr)\n"),
+    ("stop_on=accuracy", "error: stop_on='accuracy': choose loss or metric (the one select_by names)\n")])
 def test_a_bad_schedule_is_one_line_before_anything_is_written(setting, message, ckpt, tmp_path, capsys):
     labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
                        header=("id", "sequence", "label"))
@@ -391,3 +394,51 @@ def test_a_bad_schedule_is_one_line_before_anything_is_written(setting, message,
                                 f"output_dir={tmp_path / 'out'}", setting)
     assert code == 2 and err == message, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
+
+
+@pytest.mark.parametrize("freeze", ["none", 1])
+def test_layer_decay_gives_each_block_its_rate_and_every_trainable_weight_one(freeze, ckpt):
+    """layer_decay=0.5, depth 2: the final norm and block 1 at lr, block 0 at lr / 2, the embedding at
+    lr / 4 (by parameter name); frozen parts in no group; 1.0: one group at lr."""
+    torch.manual_seed(0)
+    net = FT.FineTuneNet(ProteinLM(model=TINY_MODEL).model.encoder, "regression", 1, "mean", 0.0)
+    net.freeze(freeze)
+    expected = {}
+    for name, p in net.encoder.named_parameters():
+        if p.requires_grad:
+            expected[name] = 0.1 * (0.25 if name.startswith(("embed", "pos_embed")) else
+                                    0.5 if name.startswith("blocks.0.") else 1.0)
+    by_id = {id(p): name for name, p in net.encoder.named_parameters()}
+    got = {}
+    for params, lr in FT.encoder_groups(net.encoder, 0.1, 0.5):
+        for p in params:
+            assert by_id[id(p)] not in got  # every weight in one group
+            got[by_id[id(p)]] = lr
+    assert got == pytest.approx(expected)
+    assert any(v == pytest.approx(0.025) for v in got.values()) == (freeze == "none")
+    ((params, lr),) = FT.encoder_groups(net.encoder, 0.1, 1.0)
+    assert lr == 0.1 and {by_id[id(p)] for p in params} == set(expected)
+
+
+def test_stop_on_metric_stops_when_the_validation_metric_stalls(ckpt, tmp_path, capsys):
+    """stop_on=metric patience=1: the epochs run end at the first epoch whose validation accuracy is not
+    above the best before it (replayed by hand from metrics.json's candidates), and finetune.json says so."""
+    rng = random.Random(5)
+    rows = [[f"p{k}", protein(rng, "K" if k % 2 else None, 0.3), "ab"[k % 2], "test" if k % 5 == 0 else
+             "valid" if k % 5 == 1 else "train"] for k in range(60)]
+    labels = write_csv(tmp_path / "labels.csv", rows)
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={tmp_path / 'out'}", "stop_on=metric", "patience=1",
+                                "trainer.max_epochs=25", "schedule=constant", "lr=3e-3", "head_lr=1e-2")
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    epochs = [c["accuracy"] for c in metrics["selection"]["candidates"] if c["name"].startswith("epoch")]
+    best, stop = -1.0, len(epochs)
+    for i, acc in enumerate(epochs):
+        if acc > best:
+            best = acc
+        else:
+            stop = i + 1
+            break
+    assert stop < 25 and len(epochs) == stop and metrics["epochs"] == stop
+    assert json.loads((tmp_path / "out" / "finetune.json").read_text())["stop_on"] == "metric"

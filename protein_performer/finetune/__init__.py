@@ -24,7 +24,7 @@ from ..model.heads import FineTuneNet
 from .batches import Encoded, _loader, collate
 from .head_init import PROBE_RESIDUES, probe_head_init
 from .labels import SPLITS, TASKS, Examples, _read_csv, assign_splits, read_examples
-from .module import FineTuner, _state
+from .module import FineTuner, _state, encoder_groups
 from .outputs import CONFIG, JOURNAL, METRICS, OUTPUTS, PREDICTIONS, WEIGHTS, _check_output, _write_outputs
 from .report import baseline, format_metrics, metrics, predict, selection_summary
 from .run import RESIDUE_WINDOW, finetune
@@ -35,4 +35,4 @@ _lightning_module = FineTuner  # its name before the split (a function building 
 __all__ = ["finetune", "format_metrics", "read_examples", "assign_splits", "Examples", "FineTuner", "FineTuneNet",
            "Encoded", "probe_head_init", "metrics", "baseline", "predict", "selection_summary", "selection_metric",
            "warmup_linear", "time_budget", "RESIDUE_WINDOW", "WARMUP", "PROBE_RESIDUES", "SELECT_BY", "TASKS",
-           "SPLITS"]
+           "SPLITS", "encoder_groups"]

@@ -1,0 +1,76 @@
+"""The fifth downstream task's builder (benchmarks/family_task.py) and the recipe study's table
+(benchmarks/recipes.py), on inputs written here."""
+import csv
+import gzip
+import io
+import json
+
+import pytest
+
+from benchmarks import family_task, recipes
+
+HEADERS = [  # (UniProt header, the family it names: by hand)
+    ("tr|A1|A1_ECOLI Threonine--tRNA ligase OS=Escherichia coli PE=3 SV=1", "tRNA ligase"),
+    ("tr|A2|A2_BACSU Threonine--tRNA ligase OS=Bacillus subtilis PE=3 SV=1", "tRNA ligase"),
+    ("tr|A3|A3_BACSU Threonine--tRNA ligase (Fragment) OS=Bacillus subtilis PE=3 SV=1", "tRNA ligase"),
+    ("sp|B1|RL2_ECOLI 50S ribosomal protein L2 OS=Escherichia coli PE=1 SV=1", "ribosomal protein"),
+    ("tr|C1|C1_HUMAN Serine/threonine-protein kinase OS=Homo sapiens PE=2 SV=1", "kinase"),
+    ("tr|C2|C2_HUMAN Uncharacterized protein OS=Homo sapiens PE=4 SV=1", None),
+    ("tr|C3|C3_HUMAN Kinase-associated peptidase OS=Homo sapiens PE=4 SV=1", None),   # two families: dropped
+    ("tr|C4|C4_HUMAN Glucose dehydrogenase OS=Homo sapiens PE=4 SV=1", "oxidoreductase"),
+]
+
+
+def write_fasta(path, long_one=False):
+    text = "".join(f">{h}\n{'MKV' * (400 if long_one and k == 0 else 10)}\n" for k, (h, _) in enumerate(HEADERS))
+    path.write_text(text)
+    return path
+
+
+def test_families_by_hand_and_one_name_stays_in_one_split(tmp_path):
+    rows = family_task.labeled(write_fasta(tmp_path / "in.fasta"), 1000)
+    assert [(acc, label) for acc, _, label, _ in rows] == [
+        (h.split("|")[1], f) for h, f in HEADERS if f is not None]
+    # "(Fragment)" is not part of the name: A1-A3 are one name, so one split
+    split = dict(zip([r[0] for r in rows], family_task.split_by_name(rows, seed=0)))
+    assert len({split["A1"], split["A2"], split["A3"]}) == 1
+    assert [r[0] for r in family_task.labeled(write_fasta(tmp_path / "long.fasta", True), 1000)][0] == "A2"
+
+
+def test_the_built_file_is_the_same_bytes_every_time_and_reads_back(tmp_path):
+    src = write_fasta(tmp_path / "in.fasta")
+    outs = []
+    for k in range(2):
+        family_task.main(["--input", str(src), "--output", str(tmp_path / f"out{k}.csv.gz")])
+        outs.append((tmp_path / f"out{k}.csv.gz").read_bytes())
+    assert outs[0] == outs[1]
+    rows = list(csv.DictReader(io.StringIO(gzip.decompress(outs[0]).decode())))
+    assert [r["label"] for r in rows] == [f for _, f in HEADERS if f is not None]
+    assert {r["split"] for r in rows} <= {"train", "valid", "test"} and rows[0]["sequence"] == "MKV" * 10
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_the_recipe_table_means_spreads_and_changes_by_hand(tmp_path):
+    raw = tmp_path / "rows.jsonl"
+    rows = []
+    for seed, (base, other, probe, comp) in enumerate([(0.60, 0.70, 0.55, 0.50), (0.64, 0.66, 0.57, 0.52)]):
+        for recipe, acc, kept in (("base", base, "epoch 3"), ("freeze_2", other, "probe")):
+            rows.append({"kind": "finetune", "recipe": recipe, "task": "scop", "seed": seed,
+                         "test": {"accuracy": acc}, "selection": {"kept": kept}})
+        rows.append({"kind": "baseline", "recipe": None, "task": "scop", "seed": seed,
+                     "probe": {"accuracy": probe}, "composition": {"accuracy": comp}})
+    rows.append(dict(rows[0], test={"accuracy": 0.62}))  # a later row replaces the earlier one
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = recipes.render(recipes.read_rows(raw))
+    lines = {line.split(" | ")[0]: line for line in table if line.startswith("| ")}
+    # base: seeds 0.62 and 0.64 -> 0.630 ± 0.010; freeze_2: 0.70, 0.66 -> 0.680 ± 0.020, Δ ((0.70 - 0.62) + (0.66 - 0.64)) / 2
+    assert lines["| base"] == "| base | 0.630 ± 0.010 | – | 0 of 2 |"
+    assert lines["| freeze_2"] == "| freeze_2 | 0.680 ± 0.020 | +0.050 | 2 of 2 |"
+    assert lines["| probe"] == "| probe | 0.560 ± 0.010 | – | – |"
+    assert lines["| composition"] == "| composition | 0.510 ± 0.010 | – | – |"
+
+
+@pytest.mark.parametrize("text", ["", "\n"])
+def test_no_rows_no_table_rows(tmp_path, text):
+    (tmp_path / "rows.jsonl").write_text(text)
+    assert recipes.read_rows(tmp_path / "rows.jsonl") == {}
