@@ -23,10 +23,14 @@ def test_the_parallel_causal_layer_costs_the_same_ops_at_every_length():
 
 def test_the_causal_default_on_the_cuda_path_stays_within_three_times_exact():
     """Issue 42's CPU proxy goal, held in every session: the default causal layer on `parallel` dispatches
-    at most 3x the ops of an exact-attention layer (docs/launches.md: 2.79x at ff1244d); the bidirectional
-    default may not grow past its measured 1.94x either (goal 1.5x: not met, so not loosened silently)."""
+    at most 3x the ops of an exact-attention layer (docs/launches.md: 2.73x); the bidirectional default may
+    not grow past its measured 1.73x either (goal 1.5x: not met, so not loosened silently), and FAVOR+
+    without the local head stays within the 1.5x (1.42x)."""
     exact = layer_ops(KERNELS["exact"], True, 256, "parallel")[0]
     causal = layer_ops(DEFAULT, True, 256, "parallel")[0]
-    bidir = layer_ops(DEFAULT, False, 256, "parallel")[0]
     assert causal <= 3 * exact, (causal, exact)
-    assert bidir <= 1.95 * layer_ops(KERNELS["exact"], False, 256, "parallel")[0], bidir
+    exact = layer_ops(KERNELS["exact"], False, 256, "parallel")[0]
+    bidir = layer_ops(DEFAULT, False, 256, "parallel")[0]
+    assert bidir <= 1.75 * exact, (bidir, exact)
+    favor = layer_ops(KERNELS["FAVOR+ r = 64"], False, 256, "parallel")[0]
+    assert favor <= 1.5 * exact, (favor, exact)

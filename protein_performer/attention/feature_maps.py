@@ -78,6 +78,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear import compute_dtype
+
 
 #: the one default number of features per head (ModelConfig, Attention and every map read it); 64, not
 #: 128, by measurement at equal training time: docs/long_proteins.md
@@ -175,7 +177,7 @@ def gaussian_random_matrix(nb_rows: int, nb_cols: int, generator: torch.Generato
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)
+    return compute_dtype(x.dtype)
 
 
 class FeatureMap(nn.Module):

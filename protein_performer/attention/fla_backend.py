@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError, first_line
+from .linear import compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     op = fla_op() if op is None else op
     B, H, L, r = q.shape
     d, out_dtype = v.shape[-1], v.dtype
-    wdt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)   # scales, division
+    wdt = compute_dtype(q.dtype, k.dtype)   # scales, division
     run = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32     # what fla sees
     pad = None if key_padding_mask is None or not key_padding_mask.any() else key_padding_mask.bool()
     keep = None if pad is None else ~pad                                                 # (B, L)

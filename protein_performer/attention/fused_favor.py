@@ -33,9 +33,11 @@ returned in v's dtype.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .feature_maps import augment, augmented_weight
-from .linear import DEFAULT_CHUNK_SIZE, ChunkScales, with_ones, causal_backward, causal_forward, output_grad
+from .linear import (DEFAULT_CHUNK_SIZE, ChunkScales, causal_backward, causal_forward, compute_dtype, output_grad,
+                     with_ones)
 
 #: bytes of one block's features (rows x T x r): T is chosen so that a block stays near the cache
 #: (8 heads, r = 256, L = 8,192, 2 threads: 0.25 MiB blocks 1.0x the plain path's time, 1 MiB 0.83x,
@@ -138,53 +140,50 @@ class WholeFavorAttention(torch.autograd.Function):
     """:class:`FusedFavorAttention` with the whole sequence as one block (a GPU: a fixed, small number of
     ops, no loop and no CPU cache budget), with the same arguments.  The keys' features are
     exp(u - M) with M the maximum of u over the whole (L, r) slab: the same numbers as the blockwise
-    path's exp(u - m_j) exp(m_j - M), in one exponential.  The backward recomputes the features from
-    the d-wide inputs (O(L d) kept per head, as there)."""
+    path's exp(u - m_j) exp(m_j - M), in one exponential.  It keeps the query and key features (L x r
+    per head, as the plain path does) rather than recomputing them: on a GPU at protein lengths a step
+    is bound by kernel launches, not memory (docs/launches.md); the blockwise CPU path recomputes."""
 
     @staticmethod
     def forward(ctx, xq, xk, v, w, b, c, valid, eps):
-        wq = augmented_weight(w, b, 0.0)
-        v1 = with_ones(v)
+        wt = w.transpose(-1, -2)
+        wt = wt.expand(xq.shape[0], *wt.shape) if wt.dim() == 2 else wt      # (G, d, r): one batched product
+        v1 = F.pad(v, (0, 1), value=1.0)                                     # [v, 1]: the normalizer's column
         if valid is not None:  # a padded key counts nowhere, whatever its values
             xk = xk.masked_fill(~valid.unsqueeze(-1), 0.0)
             v1 = v1.masked_fill(~valid.unsqueeze(-1), 0.0)
-        u = WholeFavorAttention._key_exponent(xk, w, b, c, valid)
-        M = u.amax((-2, -1), keepdim=True)
-        SZ = torch.bmm(u.sub_(M).exp_().transpose(1, 2), v1)
-        nd = torch.bmm(torch.softmax(torch.matmul(augment(xq, b, 0.0), wq), -1), SZ)
+        # keys: u = xk w^T + b - c |xk|^2 in one product with the norm term as its input
+        u = torch.baddbmm((xk * xk).sum(-1, keepdim=True), xk, wt, beta=-c) if c else torch.bmm(xk, wt)
+        if b is not None:
+            u = u.add_(b)
+        if valid is not None:
+            u = u.masked_fill_(~valid.unsqueeze(-1), torch.finfo(u.dtype).min)
+        f = u.sub_(u.amax((-2, -1), keepdim=True)).exp_()
+        SZ = torch.bmm(f.transpose(1, 2), v1)
+        qf = torch.softmax(torch.bmm(xq, wt) if b is None else torch.baddbmm(b, xq, wt), -1)
+        nd = torch.bmm(qf, SZ)
         den = nd[..., -1:]
         den_c = den.clamp_min(eps)
         out = nd[..., :-1] / den_c
-        ctx.save_for_backward(xq, xk, v1, w, b, wq, SZ, M, out, den_c, den_c > den, valid)
+        ctx.save_for_backward(xk, v1, w, SZ, qf, f, out, den_c, den_c > den, valid)
         ctx.c = c
         return out
 
     @staticmethod
-    def _key_exponent(xk, w, b, c, valid):
-        """u = xk w^T + b - c |xk|^2 in one batched product with the norm term as its input (no [x, 1, -|x|^2]
-        concatenation: fewer kernels than augment's on the one-block path)."""
-        wt = w.transpose(-1, -2)
-        wt = wt.expand(xk.shape[0], *wt.shape) if wt.dim() == 2 else wt
-        u = torch.baddbmm((xk * xk).sum(-1, keepdim=True), xk, wt, beta=-c) if c else torch.bmm(xk, wt)
-        if b is not None:
-            u = u.add_(b)
-        return u if valid is None else u.masked_fill_(~valid.unsqueeze(-1), torch.finfo(u.dtype).min)
-
-    @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        xq, xk, v1, w, b, wq, SZ, M, out, den_c, clamped, valid = ctx.saved_tensors
+        xk, v1, w, SZ, qf, f, out, den_c, clamped, valid = ctx.saved_tensors
         c = ctx.c
-        with torch.autocast(xq.device.type, enabled=False):  # backward may run inside an autocast region
-            g = g.to(xq.dtype)
+        with torch.autocast(xk.device.type, enabled=False):  # backward may run inside an autocast region
+            g = g.to(xk.dtype)
             g_den = (g * out).sum(-1, keepdim=True).neg_().masked_fill_(clamped, 0.0)
             g1 = torch.cat([g, g_den], -1).div_(den_c)           # dL/d[num | den]
-            qf = torch.softmax(torch.matmul(augment(xq, b, 0.0), wq), -1)
             dSZ = torch.bmm(qf.transpose(1, 2), g1)
-            dxq = torch.matmul(torch.bmm(g1, SZ.transpose(1, 2)).mul_(qf), w)
-            f = WholeFavorAttention._key_exponent(xk, w, b, c, valid).sub_(M).exp_()
-            du = torch.bmm(v1, dSZ.transpose(1, 2)).mul_(f)
-            dxk = torch.matmul(du, w)
+            we = w.expand(xk.shape[0], *w.shape) if w.dim() == 2 else w      # (G, r, d)
+            # queries: the output does not change with a query's scale, so softmax's backward is x * q'
+            dxq = torch.bmm(torch.bmm(g1, SZ.transpose(1, 2)).mul_(qf), we)
+            du = torch.bmm(v1, dSZ.transpose(1, 2)).mul_(f)                  # keys: f = exp(u - M), M a constant
+            dxk = torch.bmm(du, we)
             if c:
                 dxk.addcmul_(du.sum(-1, keepdim=True), xk, value=-2 * c)
             dv = torch.bmm(f, dSZ[..., :-1])
@@ -266,7 +265,7 @@ def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.T
     B, H, L, d = q.shape
     G = B * H
     with torch.autocast(q.device.type, enabled=False):
-        dtype = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
+        dtype = compute_dtype(q.dtype, v.dtype)
         w, b, c = exponent(dtype)
         if w.dim() == 3:  # per head (H, r, d), bias (H, 1, r): one copy per row of the batch
             w = w.expand(B, *w.shape).reshape(G, *w.shape[1:])

@@ -76,6 +76,12 @@ def head_groups(batch: int, heads: int, length: int, r: int) -> int:
     return max(1, min(heads, GROUP_BYTES // max(1, 4 * batch * length * r)))
 
 
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 if any of ``dtypes`` is, else float32: what the feature maps and the states compute in
+    (decided in Python: ``torch.promote_types`` is an op the dispatcher counts, in every layer)."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
 def with_ones(x: torch.Tensor) -> torch.Tensor:
     """[x, 1] along the last dim (the normalizer's column; width e + 1, not r)."""
     return torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
@@ -272,9 +278,9 @@ def init_linear_state(batch: int, heads: int, r: int, d: int, device=None, dtype
 
 def prepare_inputs(q, k, v, k_log_scale, eps, key_padding_mask, initial_state):
     """Common input handling: compute dtype, key scales (B, H, L), padding, eps."""
-    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    dtype = compute_dtype(q.dtype, k.dtype)
     if initial_state is not None:
-        dtype = torch.promote_types(dtype, initial_state[0].dtype)
+        dtype = compute_dtype(dtype, initial_state[0].dtype)
     B, H, L, _ = q.shape
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     s = None if k_log_scale is None else k_log_scale.to(dtype).reshape(B, H, L)
@@ -359,7 +365,7 @@ def recurrent_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     is float32 (float64 inputs: float64)."""
     B, H, T, r = q.shape
     if initial_state is None:
-        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+        dtype = compute_dtype(q.dtype, k.dtype)
         initial_state = init_linear_state(B, H, r, v.shape[-1], q.device, dtype)
     S, Z, m = initial_state
     dtype = S.dtype

@@ -70,9 +70,9 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: i
 
     if bias is None:
         bias = local_bias(local_band(L, window, causal, key_padding_mask, q.device), H, q.dtype)
-    queries = F.pad(q, (0, 0, 0, pad)).view(B * H, N, w, d)
+    queries = (F.pad(q, (0, 0, 0, pad)) if pad else q).reshape(B * H, N, w, d)
     out = F.scaled_dot_product_attention(queries, windows(k), windows(v), attn_mask=bias.to(q.dtype))
-    return out.view(B, H, N * w, d)[:, :, :L]
+    return out.view(B, H, N * w, d)[:, :, :L] if pad else out.view(B, H, L, d)
 
 
 def local_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
