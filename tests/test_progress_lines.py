@@ -124,7 +124,7 @@ def test_train_into_a_file_prints_lines_never_a_carriage_return(tmp_path, small_
 
 
 # --- finetune: a line per epoch -------------------------------------------------------------------
-def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_and_eta(tmp_path, capsys):
+def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_eta(tmp_path, capsys):
     torch.manual_seed(0)
     from protein_performer.training.task import ProteinLM
     ckpt = save_checkpoint(ProteinLM(model=TINY_MODEL, objective="mlm").eval(), tmp_path / "mlm.ckpt")
@@ -142,12 +142,17 @@ def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_and_eta(tmp_p
     assert "\r" not in out
     epochs = [ln for ln in out.splitlines() if ln.startswith("finetune: epoch")]
     assert len(epochs) == 3, out
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    chosen_by = {c["name"]: c for c in metrics["selection"]["candidates"]}
     for k, line in enumerate(epochs, 1):
         m = re.match(rf"^finetune: epoch {k}/3 \| step \d+ \| train loss (\S+) \| val/loss (\S+) \(best (\S+)\) \| "
-                     rf"elapsed \d+:\d\d \| ETA \d+:\d\d", line)
+                     rf"val/accuracy (\S+) \| elapsed \d+:\d\d \| ETA \d+:\d\d", line)
         assert m and all(math.isfinite(float(v)) for v in m.groups()), line
+        # the line's validation accuracy and loss are those the kept weights were chosen by
+        assert float(m[4]) == pytest.approx(chosen_by[f"epoch {k}"]["accuracy"], abs=5e-5)
+        assert float(m[2]) == pytest.approx(chosen_by[f"epoch {k}"]["loss"], abs=5e-5)
     assert "ETA 0:00" in epochs[-1]
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["epochs"] >= 1
+    assert metrics["epochs"] >= 1
 
 
 # --- a loop of its own: evaluate, stderr not a terminal -------------------------------------------

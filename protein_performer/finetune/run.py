@@ -82,7 +82,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = _encode(ex, part, task, classes, tok)
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
-                                          "loss" if stop_on == "loss" else select_by)
+                                          "loss" if stop_on == "loss" else select_by, select_by)
     module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
         try:
@@ -214,10 +214,10 @@ def _encode(ex: Examples, part: dict, task: str, classes: list, tok: Tokenizer) 
 
 
 def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progress_every, progress_seconds,
-                      watch: str = "loss"):
+                      watch: str = "loss", metric: str = "loss"):
     """pl.Trainer's keyword arguments (finetune's defaults under ``trainer``'s), with early stopping on the
-    validation ``watch`` (loss, or a metric: higher is better) and the progress lines; and trainer.max_time
-    in seconds (None: not set)."""
+    validation ``watch`` (loss, or a metric: higher is better) and the progress lines (the validation loss
+    and ``metric``, select_by's); and trainer.max_time in seconds (None: not set)."""
     settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                 "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                 **(trainer or {})}
@@ -228,7 +228,7 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
                         "trainer.max_time, or use schedule=constant")
     settings["enable_progress_bar"], progress = lightning_progress(
         settings.get("enable_progress_bar", True), "finetune", every=progress_every, seconds=progress_seconds,
-        epochs=True)
+        epochs=True, also=(f"val/{metric}",) if metric != "loss" else ())
     settings["callbacks"] = [pl.callbacks.EarlyStopping(f"val/{watch}", patience=patience,
                                                        mode="min" if watch == "loss" else "max",
                                                        check_on_train_epoch_end=False), *progress]

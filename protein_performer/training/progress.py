@@ -236,12 +236,13 @@ class ProgressCallback(pl.Callback):
     ``seconds`` seconds (step k/N, the mean training loss since the last line, tokens/s, elapsed,
     ETA) and a final line when the fit ends. ``epochs``: a line at each validation of the fit (the
     epoch, the training loss, ``monitor`` and its best so far, elapsed, ETA to ``max_epochs`` or
-    ``max_steps``). Rank zero prints; ``what`` prefixes the lines."""
+    ``max_steps``; and each logged metric named in ``also``). Rank zero prints; ``what`` prefixes the lines."""
 
     def __init__(self, what: str = "train", *, steps: bool = True, epochs: bool = False, every: int | None = EVERY,
                  seconds: float | None = SECONDS, monitor: str = "val/loss", stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, also: tuple[str, ...] = ()):
         self.what, self.steps, self.epochs, self.every, self.seconds = what, steps, epochs, every, seconds
+        self.also = tuple(also)
         self.monitor, self.stream, self.clock = monitor, stream, clock
         self.lines: ProgressLines | None = None
         self.best: float | None = None
@@ -333,6 +334,9 @@ class ProgressCallback(pl.Callback):
             parts.append(_field("train loss", float(self.epoch_loss_sum) / int(self.epoch_loss_n)))
         if metric is not None:
             parts.append(_field(self.monitor, metric) + ("" if self.best is None else f" (best {self.best:.4f})"))
+        for name in self.also:
+            if trainer.callback_metrics.get(name) is not None:
+                parts.append(_field(name, float(trainer.callback_metrics[name])))
         parts.append(f"elapsed {duration(elapsed)}")
         eta = None
         steps_done = trainer.global_step - self.start_step
@@ -361,15 +365,16 @@ class ProgressCallback(pl.Callback):
 
 def lightning_progress(enable_progress_bar: bool, what: str, *, every: int | None = EVERY,
                        seconds: float | None = SECONDS, epochs: bool = False,
-                       stream: TextIO | None = None) -> tuple[bool, list[pl.Callback]]:
+                       stream: TextIO | None = None, also: tuple[str, ...] = ()) -> tuple[bool, list[pl.Callback]]:
     """(``enable_progress_bar`` for the Trainer, callbacks to add). On a terminal (``stream``,
     default stdout, where Lightning's bar writes) the bar as configured; otherwise no bar and, when
-    the bar was on, the step lines. ``epochs``: the per-validation lines too, terminal or not."""
+    the bar was on, the step lines. ``epochs``: the per-validation lines too, terminal or not, with the
+    metrics named in ``also`` beside the validation loss."""
     stream = sys.stdout if stream is None else stream
     terminal = is_terminal(stream)
     steps = bool(enable_progress_bar) and not terminal and bool(every or seconds)
     callbacks: list[pl.Callback] = []
     if steps or epochs:
         callbacks.append(ProgressCallback(what, steps=steps, epochs=epochs, every=every, seconds=seconds,
-                                          stream=None if stream is sys.stdout else stream))
+                                          stream=None if stream is sys.stdout else stream, also=also))
     return bool(enable_progress_bar) and terminal, callbacks
