@@ -7,6 +7,7 @@ docs/downstream.md (between its ``recipes`` markers), the raw rows into docs/res
     python benchmarks/recipes.py baseline --ckpt CKPT --task scop --seed 0           # probe + composition
     python benchmarks/recipes.py render                                               # the table
     python benchmarks/recipes.py study --ckpt CKPT [--lock /tmp/heavy.lock]           # every missing row, then the table
+    python benchmarks/recipes.py study --ckpt CKPT --final RECIPE                     # then the out-of-sample task
 
 Every run appends one JSON row (a later row replaces an earlier one with the same key), so a study is
 a loop of short processes: serialize them with ``flock`` and resume by skipping rows already there.
@@ -172,18 +173,20 @@ def test_value(rows, kind: str, recipe: str, task: str, seed: int) -> float | No
 
 def study(a) -> None:
     """Every baseline and recipe row of the study's tasks at seeds 0 and 1 not yet in the raw file, each
-    in its own process (under ``flock`` when --lock is given), seed 0 first; then the table."""
+    in its own process (under ``flock`` when --lock is given), seed 0 first; with --final, then the
+    out-of-sample tasks under that recipe; then the table."""
     import subprocess
-    for seed in (0, 1):
-        for recipe in (None, *RECIPES):
-            for task in STUDY_TASKS:
-                if recipe == "attention_pooling" and downstream.TASKS[task][0] == "residue":
-                    continue
-                if (("baseline", None) if recipe is None else ("finetune", recipe)) + (task, seed) in read_rows(a.raw):
-                    continue
-                cmd = [sys.executable, __file__, "baseline" if recipe is None else "run", "--ckpt", a.ckpt,
-                       "--task", task, "--seed", str(seed), "--raw", str(a.raw)] + (["--recipe", recipe] if recipe else [])
-                subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
+    parts = [(seed, recipe, task) for seed in (0, 1) for recipe in (None, *RECIPES) for task in STUDY_TASKS
+             if not (recipe == "attention_pooling" and downstream.TASKS[task][0] == "residue")]
+    if a.final:  # the recipe kept, on the tasks nobody chose a setting on
+        parts += [(seed, recipe, task) for seed in (0, 1) for recipe in (None, a.final)
+                  for task in downstream.OUT_OF_SAMPLE]
+    for seed, recipe, task in parts:
+        if (("baseline", None) if recipe is None else ("finetune", recipe)) + (task, seed) in read_rows(a.raw):
+            continue
+        cmd = [sys.executable, __file__, "baseline" if recipe is None else "run", "--ckpt", a.ckpt,
+               "--task", task, "--seed", str(seed), "--raw", str(a.raw)] + (["--recipe", recipe] if recipe else [])
+        subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
     common.publish(render(read_rows(a.raw)), a.doc, *MARKERS)
 
 
@@ -197,6 +200,7 @@ def main(argv=None) -> None:
     ap.add_argument("--raw", type=Path, default=RAW)
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--lock", help="study: run each part under flock on this file (one heavy job at a time)")
+    ap.add_argument("--final", choices=list(RECIPES), help="study: the recipe kept, run last on the out-of-sample tasks")
     a = ap.parse_args(argv)
     if a.what == "render":
         lines = render(read_rows(a.raw))
