@@ -43,7 +43,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
-             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "loss") -> dict:
+             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric") -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
@@ -58,8 +58,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     Spearman or residue accuracy; or macro_f1, mcc, loss), so fine-tuning never ends below its own
     probe on validation.  ``layer_decay``: each encoder block below the last trains at this times the
     rate of the one above (:func:`~.module.encoder_groups`; 1: one rate).  ``stop_on``: early stopping
-    (``patience``) watches the validation ``loss`` or the ``metric`` that ``select_by`` names.
-    ``schedule``: ``constant`` rates, or ``linear``
+    (``patience``) watches the validation ``metric`` that ``select_by`` names (the recipe study's choice,
+    docs/downstream.md) or the ``loss``.  ``schedule``: ``constant`` rates, or ``linear``
     (:func:`~.schedule.warmup_linear`: up over the first ``warmup`` share of the trainer's steps, then
     down to 0 at its last).  Progress: one line per epoch (the validation loss, its best, the ETA) on
     stdout; with the trainer's progress bar on and stdout not a terminal, also a line every
