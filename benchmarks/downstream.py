@@ -146,6 +146,17 @@ def residue_features(loaded, seqs: list[str], depth: int, keep: list | None = No
     return {key: np.concatenate(p) for key, p in parts.items()}
 
 
+def residue_sample(ex, tr: list, te: list, residues: int, seed: int):
+    """The per-residue probe's training residues, a seeded sample of about ``residues`` over the training
+    proteins: (which residues of each, their labels, every test residue's label)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    per = max(1, residues // len(tr))
+    keep = [np.sort(rng.choice(len(ex.seqs[i]), min(len(ex.seqs[i]), per), replace=False)) for i in tr]
+    y_tr = np.array([ex.labels[i][j] for i, k in zip(tr, keep) for j in k])
+    return keep, y_tr, np.array([c for i in te for c in ex.labels[i]])
+
+
 def window_mean(x, window: int):
     """(n, D) -> (n, D): the mean of the rows within ``window`` of each row (fewer at the ends)."""
     import numpy as np
@@ -210,12 +221,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
     start = time.perf_counter()
     if task == "residue":
         classes = sorted({c for y in ex.labels for c in y})
-        rng = np.random.default_rng(args.seed)  # the probe's training residues: a seeded sample
-        n_res = [len(ex.seqs[i]) for i in tr]
-        per = max(1, args.probe_residues // len(tr))
-        keep = [np.sort(rng.choice(n, min(n, per), replace=False)) for n in n_res]
-        y_tr = np.array([ex.labels[i][j] for i, k in zip(tr, keep) for j in k])
-        y_te = np.array([c for i in te for c in ex.labels[i]])
+        keep, y_tr, y_te = residue_sample(ex, tr, te, args.probe_residues, args.seed)
         f_tr, f_te = residue_features(loaded, seqs(tr), depth, keep), residue_features(loaded, seqs(te), depth)
         res["embed_seconds"] = round(time.perf_counter() - start, 1)
         grid = {f"{p}/{layer}": probe(task, classes, f_tr[p, layer], y_tr, f_te[p, layer], y_te, args.seed)

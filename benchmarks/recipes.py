@@ -89,11 +89,7 @@ def baseline(args) -> dict:
     seqs = lambda idx: [ex.seqs[i] for i in idx]  # noqa: E731
     if task == "residue":
         classes = sorted({c for y in ex.labels for c in y})
-        rng = np.random.default_rng(args.seed)
-        per = max(1, FT.PROBE_RESIDUES // len(tr))  # the probe's training residues: a seeded sample (downstream.py's)
-        keep = [np.sort(rng.choice(len(ex.seqs[i]), min(len(ex.seqs[i]), per), replace=False)) for i in tr]
-        y_tr = np.array([ex.labels[i][j] for i, k in zip(tr, keep) for j in k])
-        y_te = np.array([c for i in te for c in ex.labels[i]])
+        keep, y_tr, y_te = downstream.residue_sample(ex, tr, te, FT.PROBE_RESIDUES, args.seed)
         f_tr = downstream.residue_features(loaded, seqs(tr), depth, keep)[("per_residue", depth)]
         f_te = downstream.residue_features(loaded, seqs(te), depth)[("per_residue", depth)]
         c_tr, c_te = downstream.residue_composition(seqs(tr), keep), downstream.residue_composition(seqs(te))

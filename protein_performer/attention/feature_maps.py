@@ -176,10 +176,6 @@ def gaussian_random_matrix(nb_rows: int, nb_cols: int, generator: torch.Generato
     return w * norms[:, None]
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return compute_dtype(x.dtype)
-
-
 class FeatureMap(nn.Module):
     """Base class. Subclasses define ``num_features`` and ``forward(x, is_query)``."""
 
@@ -248,7 +244,7 @@ class FavorPlus(_Projected):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_compute_dtype(x))
+            x = x.to(compute_dtype(x.dtype))
             w, _, c = self.exponent(x.dtype)
             if not stabilize:
                 return torch.exp(x @ w.T - c * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.num_features)
@@ -329,7 +325,7 @@ class FavorPlusPlus(FavorPlus):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_compute_dtype(x))
+            x = x.to(compute_dtype(x.dtype))
             wB, feat_bias, c = self.exponent(x.dtype)
             if not stabilize:
                 A = self._A(x)
@@ -374,7 +370,7 @@ class TrigFeatures(_Projected):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_compute_dtype(x)) * self.head_dim ** -0.25
+            x = x.to(compute_dtype(x.dtype)) * self.head_dim ** -0.25
             p = self._project(x)
             f = torch.cat([torch.sin(p), torch.cos(p)], dim=-1)
             log_scale = 0.5 * (x * x).sum(-1, keepdim=True)
@@ -387,7 +383,7 @@ class TrigFeatures(_Projected):
     def normalizer_floor(self, k: torch.Tensor, causal: bool, key_padding_mask: torch.Tensor | None = None):
         """delta * sum over visible keys of m exp(|k|^2/2), shape (B, H, L, 1) (causal) or (B, H, 1, 1)."""
         with torch.autocast(k.device.type, enabled=False):
-            k = k.to(_compute_dtype(k)) * self.head_dim ** -0.25
+            k = k.to(compute_dtype(k.dtype)) * self.head_dim ** -0.25
             scale = torch.exp((0.5 * (k * k).sum(-1, keepdim=True)).clamp_max(self.max_log_scale))
             if key_padding_mask is not None:
                 scale = scale.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
@@ -417,7 +413,7 @@ class ReluFeatures(_Projected):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_compute_dtype(x))
+            x = x.to(compute_dtype(x.dtype))
             if self.use_projection:
                 u = x @ (self.projection.to(x.dtype) * self.head_dim ** -0.25).T
             else:
@@ -435,7 +431,7 @@ class EluFeatures(FeatureMap):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            f = F.elu(x.to(_compute_dtype(x))) + 1
+            f = F.elu(x.to(compute_dtype(x.dtype))) + 1
             return f if is_query or not stabilize else KeyFeatures(f)
 
 
@@ -462,7 +458,7 @@ class HedgehogFeatures(FeatureMap):
 
     def forward(self, x: torch.Tensor, is_query: bool, stabilize: bool = True) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_compute_dtype(x))
+            x = x.to(compute_dtype(x.dtype))
             u = torch.matmul(x, self.weight.to(x.dtype)) + self.bias.to(x.dtype)
             f = torch.cat([torch.softmax(u, -1), torch.softmax(-u, -1)], -1)
             return f if is_query or not stabilize else KeyFeatures(f)

@@ -149,15 +149,16 @@ class WholeFavorAttention(torch.autograd.Function):
         wt = w.transpose(-1, -2)
         wt = wt.expand(xq.shape[0], *wt.shape) if wt.dim() == 2 else wt      # (G, d, r): one batched product
         v1 = F.pad(v, (0, 1), value=1.0)                                     # [v, 1]: the normalizer's column
-        if valid is not None:  # a padded key counts nowhere, whatever its values
-            xk = xk.masked_fill(~valid.unsqueeze(-1), 0.0)
-            v1 = v1.masked_fill(~valid.unsqueeze(-1), 0.0)
+        padded = None if valid is None else ~valid.unsqueeze(-1)            # (G, L, 1): negated once
+        if padded is not None:  # a padded key counts nowhere, whatever its values
+            xk = xk.masked_fill(padded, 0.0)
+            v1 = v1.masked_fill(padded, 0.0)
         # keys: u = xk w^T + b - c |xk|^2 in one product with the norm term as its input
         u = torch.baddbmm((xk * xk).sum(-1, keepdim=True), xk, wt, beta=-c) if c else torch.bmm(xk, wt)
         if b is not None:
             u = u.add_(b)
-        if valid is not None:
-            u = u.masked_fill_(~valid.unsqueeze(-1), torch.finfo(u.dtype).min)
+        if padded is not None:
+            u = u.masked_fill_(padded, torch.finfo(u.dtype).min)
         f = u.sub_(u.amax((-2, -1), keepdim=True)).exp_()
         SZ = torch.bmm(f.transpose(1, 2), v1)
         qf = torch.softmax(torch.bmm(xq, wt) if b is None else torch.baddbmm(b, xq, wt), -1)
@@ -165,14 +166,14 @@ class WholeFavorAttention(torch.autograd.Function):
         den = nd[..., -1:]
         den_c = den.clamp_min(eps)
         out = nd[..., :-1] / den_c
-        ctx.save_for_backward(xk, v1, w, SZ, qf, f, out, den_c, den_c > den, valid)
+        ctx.save_for_backward(xk, v1, w, SZ, qf, f, out, den_c, den_c > den, padded)
         ctx.c = c
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        xk, v1, w, SZ, qf, f, out, den_c, clamped, valid = ctx.saved_tensors
+        xk, v1, w, SZ, qf, f, out, den_c, clamped, padded = ctx.saved_tensors
         c = ctx.c
         with torch.autocast(xk.device.type, enabled=False):  # backward may run inside an autocast region
             g = g.to(xk.dtype)
@@ -187,8 +188,8 @@ class WholeFavorAttention(torch.autograd.Function):
             if c:
                 dxk.addcmul_(du.sum(-1, keepdim=True), xk, value=-2 * c)
             dv = torch.bmm(f, dSZ[..., :-1])
-            if valid is not None:  # 0 for padded keys, even in a row of padding only
-                dv.masked_fill_(~valid.unsqueeze(-1), 0.0)
+            if padded is not None:  # 0 for padded keys, even in a row of padding only
+                dv.masked_fill_(padded, 0.0)
         return dxq, dxk, dv, None, None, None, None, None
 
 

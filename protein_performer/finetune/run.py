@@ -118,7 +118,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay=1.0, stop_on="loss") -> str:
+                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
