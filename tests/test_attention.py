@@ -427,3 +427,41 @@ def test_fused_favor_float32_matches_float64(causal, backend):
     out = kernel_attention(fm.float(), q.float(), k.float(), v.float(), causal, backend=backend)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("backend", ["torch", "parallel"])
+def test_fused_favor_padding_edges(backend):
+    """Two padding edges of the fused bidirectional paths, each guarded by its own mask. Row 0: keys whose
+    exponents all lie below -750 (exp underflows in float64) beside padded keys; the stabilizer's maximum must come from
+    real keys only, or every real feature underflows. Output and gradients equal the formula with that
+    maximum subtracted by hand. Row 1 is padding only: its values and keys get no gradient and its output
+    stays finite."""
+    d, L = 8, 12
+    fm = build_feature_map("softmax", d, 16, generator=torch.Generator().manual_seed(1)).double()
+    q = _normal(2, 2, L, d, seed=1).requires_grad_()
+    k = _normal(2, 2, L, d, seed=2)
+    # every key of norm R with c R^2 = 1,000: exponents near -1,000, within about 120 of each other
+    k = (k / k.norm(dim=-1, keepdim=True) * (1000 / fm.exponent(torch.float64)[2]) ** 0.5).requires_grad_()
+    v = _normal(2, 2, L, 4, seed=3).requires_grad_()
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[0, 8:] = True
+    mask[1, :] = True
+    out = kernel_attention(fm, q, k, v, key_padding_mask=mask, backend=backend)
+    go = _normal(2, 2, L, 4, seed=4)
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    # the reference: u = k w^T - c |k|^2, shifted by the maximum over row 0's real keys, then the plain formula
+    w, _, c = fm.exponent(torch.float64)
+    u = k[:1] @ w.T - c * (k[:1] * k[:1]).sum(-1, keepdim=True)
+    assert u[..., :8, :].max() < -750                                # exp(u) alone underflows to 0 in float64
+    kf = torch.exp(u - u[..., :8, :].amax((-2, -1), keepdim=True).detach())
+    qf = torch.exp(q[:1] @ w.T - (q[:1] @ w.T).amax(-1, keepdim=True).detach())
+    kf = kf * (~mask[:1])[:, None, :, None]                            # padded keys count nowhere
+    A = qf @ kf.transpose(-1, -2)                                     # the quadratic formula: weights q'_i . k'_j
+    ref = (A @ v[:1]) / A.sum(-1, keepdim=True)
+    refs = torch.autograd.grad(ref, (q, k, v), go[:1])
+    torch.testing.assert_close(out[:1], ref, rtol=1e-9, atol=1e-12)
+    for got, want in zip(grads, refs):
+        torch.testing.assert_close(got[:1], want[:1], rtol=1e-8, atol=1e-10)
+    assert torch.isfinite(out[1]).all() and grads[1][1].abs().max() == 0 and grads[2][1].abs().max() == 0
+    assert grads[2][0, :, :8].abs().max() > 1e-3                      # real keys' values do get gradient

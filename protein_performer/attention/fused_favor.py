@@ -133,6 +133,8 @@ class FusedFavorAttention(torch.autograd.Function):
                 dx.addcmul_(du.sum(-1, keepdim=True), x, value=-2 * c)
             dxk[:, a:z] = dx
             torch.mul(torch.bmm(f, dSZ[..., :-1]), scale, out=dv[:, a:z])
+        if valid is not None:  # a row of padding only: dSZ may overflow (den clamped to eps) and inf x 0 is NaN
+            dv.masked_fill_(~valid.unsqueeze(-1), 0.0)
         return dxq, dxk, dv, None, None, None, None, None
 
 
