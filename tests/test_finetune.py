@@ -386,7 +386,9 @@ def test_a_time_budget_alone_bounds_a_linear_finetune(ckpt, tmp_path, capsys):
     ("trainer.max_time=00:00:00:00", "error: trainer.max_time=0:00:00: must be longer than 0\n"),
     ("layer_decay=0", "error: layer_decay=0: a factor in (0, 1] (1: every block at lr)\n"),
     ("layer_decay=1.5", "error: layer_decay=1.5: a factor in (0, 1] (1: every block at lr)\n"),
-    ("stop_on=accuracy", "error: stop_on='accuracy': choose loss or metric (the one select_by names)\n")])
+    ("stop_on=accuracy", "error: stop_on='accuracy': choose loss or metric (the one select_by names)\n"),
+    ("interpolate=maybe", "error: interpolate='maybe': true or false\n"),
+    ("probe_baseline=2", "error: probe_baseline=2: true or false\n")])
 def test_a_bad_schedule_is_one_line_before_anything_is_written(setting, message, ckpt, tmp_path, capsys):
     labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
                        header=("id", "sequence", "label"))

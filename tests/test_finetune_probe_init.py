@@ -36,13 +36,17 @@ def proteins(n, seed=0):
     return ["".join(rng.choice(AA) for _ in range(rng.randint(15, 45))) for _ in range(n)]
 
 
-def reference_features(encoder, seqs, per_residue=False):
-    """The encoder's output for each protein alone: mean over its residues, or each residue's."""
+def reference_features(encoder, seqs, per_residue=False, window=0):
+    """The encoder's output for each protein alone: mean over its residues, or each residue's (with
+    ``window`` w, beside the sum of its residues' outputs within w of it over 2w + 1, by a loop)."""
     rows = []
     with torch.no_grad():
         for s in seqs:
-            h = encoder(torch.tensor([TOK.encode(s)]))[0, 1:1 + len(s)].double()
-            rows.append(h.numpy() if per_residue else h.mean(0, keepdim=True).numpy())
+            h = encoder(torch.tensor([TOK.encode(s)]))[0, 1:1 + len(s)].double().numpy()
+            if per_residue and window:
+                around = [h[max(0, i - window):i + window + 1].sum(0) / (2 * window + 1) for i in range(len(s))]
+                h = np.concatenate([h, np.array(around)], 1)
+            rows.append(h if per_residue else h.mean(0, keepdims=True))
     return np.concatenate(rows)
 
 
@@ -51,9 +55,9 @@ def net_outputs(net, seqs):
         return [net(torch.tensor([TOK.encode(s)]))[0].double() for s in seqs]
 
 
-def make_net(ckpt, task, n_out, pooling="mean"):
+def make_net(ckpt, task, n_out, pooling="mean", window=0):
     torch.manual_seed(0)
-    return FineTuneNet(copy.deepcopy(ckpt[0].model.encoder), task, n_out, pooling, dropout=0.0).eval()
+    return FineTuneNet(copy.deepcopy(ckpt[0].model.encoder), task, n_out, pooling, dropout=0.0, window=window).eval()
 
 
 @pytest.mark.parametrize("n_classes,pooling", [(2, "mean"), (3, "mean"), (3, "attention")])
@@ -93,19 +97,27 @@ def test_probed_regression_head_gives_the_ridge_prediction(ckpt):
     assert np.std(pred) > 0.01
 
 
-def test_probed_residue_head_gives_the_probes_probabilities(ckpt):
+@pytest.mark.parametrize("window", [0, 2])
+def test_probed_residue_head_gives_the_probes_probabilities(ckpt, window):
+    """Per residue, with a window the probe also sees the neighbours' mean, and the head's convolution
+    carries it: the net's probabilities are those of a probe refitted on features computed by a loop."""
     seqs = proteins(30, seed=2)
     helix = set("AELMQKRH")
-    targets = [np.array([0 if c in helix else 1 if c in "VIYFWT" else 2 for c in s]) for s in seqs]
-    net = make_net(ckpt, "residue", 3)
+    # a label that depends on the neighbours too (helix formers around the residue), so the window matters
+    targets = [np.array([0 if sum(c in helix for c in s[max(0, i - 2):i + 3]) >= 3 else 1 if s[i] in "VIYFWT" else 2
+                         for i in range(len(s))]) for s in seqs]
+    net = make_net(ckpt, "residue", 3, window=window)
     data = FT.Encoded([np.array(TOK.encode(s)) for s in seqs], targets)
     assert sum(map(len, targets)) < FT.PROBE_RESIDUES  # every residue is fitted on: the reference can refit
     FT.probe_head_init(net, data, max_tokens=400, scale=(0.0, 1.0), seed=0)
 
-    X, y = reference_features(net.encoder, seqs, per_residue=True), np.concatenate(targets)
+    X, y = reference_features(net.encoder, seqs, per_residue=True, window=window), np.concatenate(targets)
+    assert X.shape[1] == net.encoder.config.dim * (2 if window else 1)
     pipe = make_probe("classification", folds=3, seed=0).fit(X, y)
     probs = np.concatenate([torch.softmax(o[1:1 + len(s)], -1).numpy() for o, s in zip(net_outputs(net, seqs), seqs)])
     np.testing.assert_allclose(probs, pipe.predict_proba(X), atol=1e-3)
+    if window:  # the neighbours' coefficients are in use: the window's weights are not all zero
+        assert net.head.context.weight.abs().max() > 0
 
 
 def rich_or_poor(tmp_path, n, seed):
@@ -237,3 +249,69 @@ def test_a_held_out_validation_share_is_drawn_per_class(caplog):
     valid = [labels[i] for i in np.flatnonzero(split == "valid")]
     assert sorted(valid) == ["a"] * 9 + ["b"] * 3 and (split[120:] == "test").all()
     assert "no valid split given: 12 of the 120 training proteins held out for validation" in caplog.text
+
+
+def test_interpolate_is_the_weighted_sum_of_floats_and_keeps_other_tensors():
+    start = {"w": torch.tensor([0.0, 4.0]), "n": torch.tensor([1])}
+    end = {"w": torch.tensor([8.0, 0.0]), "n": torch.tensor([7])}
+    from protein_performer.finetune.module import interpolate
+    got = interpolate(start, end, 0.25)
+    assert torch.equal(got["w"], torch.tensor([2.0, 3.0])) and torch.equal(got["n"], torch.tensor([7]))
+
+
+def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_weights(ckpt, tmp_path, monkeypatch):
+    """interpolate=true: after the epochs, 1/4, 1/2 and 3/4 of the way from the probe's weights (the
+    checkpoint's encoder and a head equal to a probe refitted here) to the best epoch's are candidates.
+    Each one's validation accuracy in metrics.json is recomputed here from weights mixed by hand, and
+    the kept model.safetensors is the mix (or epoch, or probe) that ranks first."""
+    from safetensors.torch import load_file
+
+    import protein_performer.finetune.run as run
+    seen = []
+    real = run.interpolate
+    monkeypatch.setattr(run, "interpolate", lambda a, b, s: seen.append((a, b, s)) or real(a, b, s))
+    rows, labels = rich_or_poor(tmp_path, 200, seed=10)  # a seed where a mix ranks first
+    out = tmp_path / "out"
+    FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
+                max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
+                progress_seconds=None)
+    m = json.loads((out / "metrics.json").read_text())
+    cands = m["selection"]["candidates"]
+    epochs = [c for c in cands if c["name"].startswith("epoch ")]
+    best = max(enumerate(epochs), key=lambda ic: (ic[1]["accuracy"], -ic[1]["loss"], -ic[0]))[1]
+    assert best["accuracy"] > cands[0]["accuracy"], "the fixture needs an epoch that beats the probe"
+    assert [c["name"] for c in cands[-3:]] == [f"{s:g} {best['name']} + {1 - s:g} probe" for s in (0.25, 0.5, 0.75)]
+    assert [s for _, _, s in seen] == [0.25, 0.5, 0.75]
+
+    # the start is the probe's: the checkpoint's encoder and the head of a probe refitted here
+    start, end = seen[0][0], seen[0][1]
+    encoder = ckpt[0].model.encoder.eval()
+    for k, v in encoder.state_dict().items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            torch.testing.assert_close(start[f"encoder.{k}"], v)
+    train, valid = [r for r in rows if r[3] == "train"], [r for r in rows if r[3] == "valid"]
+    classes = sorted({r[2] for r in rows})
+    pipe = make_probe("classification", folds=3, seed=0).fit(
+        reference_features(encoder, [r[1] for r in train]), [classes.index(r[2]) for r in train])
+    X = reference_features(encoder, [r[1] for r in valid])
+    head_logits = X @ start["head.out.weight"].double().numpy().T + start["head.out.bias"].double().numpy()
+    np.testing.assert_allclose(torch.softmax(torch.tensor(head_logits), -1).numpy(), pipe.predict_proba(X), atol=1e-3)
+
+    # each mix's validation accuracy, from weights mixed here
+    net = make_net(ckpt, "classification", 2)
+    y = [classes.index(r[2]) for r in valid]
+    for (_, _, s), cand in zip(seen, cands[-3:]):
+        net.load_state_dict({k: (1 - s) * start[k] + s * v if v.is_floating_point() else v for k, v in end.items()},
+                            strict=False)
+        pred = [int(o.argmax()) for o in net_outputs(net.eval(), [r[1] for r in valid])]
+        assert np.mean(np.array(pred) == y) == pytest.approx(cand["accuracy"], abs=1.01 / len(y))
+
+    ranked = sorted(enumerate(cands), key=lambda ic: (-ic[1]["accuracy"], ic[1]["loss"], ic[0]))
+    assert m["selection"]["kept"] == ranked[0][1]["name"]
+    assert " + " in ranked[0][1]["name"], "the fixture is meant to keep a mix"
+    s = seen[[c["name"] for c in cands[-3:]].index(ranked[0][1]["name"])][2]
+    kept = load_file(out / "model.safetensors")
+    assert m["best_epoch"] == int(best["name"].split()[1])
+    for name in ("head.out.weight", "encoder.blocks.0.attn.to_qkv.weight"):
+        torch.testing.assert_close(kept[name], (1 - s) * start[name] + s * end[name])
+    assert not torch.equal(start["encoder.blocks.0.attn.to_qkv.weight"], end["encoder.blocks.0.attn.to_qkv.weight"])

@@ -21,7 +21,7 @@ AA = "ACDEFGHIKLMNPQRSTVWY"
 MODEL = dict(dim=32, depth=2, heads=2, dropout=0.0, position="rotary", rotary_base=10000.0,
              attention=dict(kernel="softmax", nb_features=16, local_heads=0))
 #: what each case gives finetune besides ckpt, labels, task and output_dir: a few steps each
-FAST = dict(lr=3e-3, head_lr=1e-2, max_tokens=600, patience=30, stop_on="loss", progress_every=None, progress_seconds=None,
+FAST = dict(lr=3e-3, head_lr=1e-2, max_tokens=600, patience=30, stop_on="loss", interpolate=False, progress_every=None, progress_seconds=None,
             trainer={"max_epochs": 3, "max_steps": 6, "enable_progress_bar": False})
 CASES = {
     "classification": dict(task="classification", kw=dict(seed=1)),
@@ -76,7 +76,7 @@ def run_case(ckpt, tmp_path, name: str) -> dict:
     meta = json.loads((out / "finetune.json").read_text())
     meta.pop("source"), meta.pop("model")
     # settings added after the reference (issue 45's recipe study), at the values that reproduce it
-    assert (meta.pop("layer_decay"), meta.pop("stop_on")) == (1.0, "loss")
+    assert (meta.pop("layer_decay"), meta.pop("stop_on"), meta.pop("interpolate")) == (1.0, "loss", False)
     return {"predictions": predictions, "metrics": metrics, "meta": meta}
 
 

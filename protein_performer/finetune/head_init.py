@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..model.heads import FineTuneNet, masked_mean, residue_mask
 from ..objectives import IGNORE
@@ -22,13 +23,18 @@ PROBE_RESIDUES = 20000
 def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int):
     """What the head sees before any training, on ``data``: the mean over each protein's residues of
     the encoder's output (pooled tasks), or the output at each residue (a seeded sample of at most
-    :data:`PROBE_RESIDUES`); returns (features (n, dim) float64, targets (n,))."""
+    :data:`PROBE_RESIDUES`), beside, when the head has a window w, the sum of the outputs of the
+    protein's residues within w of it over 2w + 1 (what its convolution can weigh: the probe sees the
+    context the head and the windowed composition baseline see); returns (features (n, dim or 2 dim)
+    float64, targets (n,))."""
     was_training = net.training
     net.eval()
     X, y = [None] * len(data), [None] * len(data)                       # in data order, as the folds see them
     for batch, b in batches(data, max_tokens, net.tokenizer.pad_id):
-        h = net.encoder(b["tokens"], b["padding_mask"]).float()
-        pooled = None if net.task == "residue" else masked_mean(h, residue_mask(b["tokens"], net.tokenizer))
+        h, residues = net.encoder(b["tokens"], b["padding_mask"]).float(), residue_mask(b["tokens"], net.tokenizer)
+        pooled = None if net.task == "residue" else masked_mean(h, residues)
+        if net.task == "residue" and net.head.window:
+            h = torch.cat([h, _window_mean(h * residues.unsqueeze(-1), net.head.window)], -1)
         for row, i in enumerate(batch):
             if net.task == "residue":
                 keep = b["targets"][row] != IGNORE
@@ -41,6 +47,12 @@ def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int
         pick = np.sort(np.random.default_rng(seed).choice(len(y), PROBE_RESIDUES, replace=False))
         X, y = X[pick], y[pick]
     return X, y
+
+
+def _window_mean(x: torch.Tensor, w: int) -> torch.Tensor:
+    """(B, L, D) -> (B, L, D): at each position the sum of the rows within ``w`` of it over 2w + 1
+    (zeros beyond the ends): a convolution with every weight 1 / (2w + 1)."""
+    return F.avg_pool1d(x.transpose(1, 2), 2 * w + 1, stride=1, padding=w, count_include_pad=True).transpose(1, 2)
 
 
 def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tuple[float, float],
@@ -69,12 +81,13 @@ def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tup
 
 
 def _fold_into_head(net: FineTuneNet, task: str, pipe) -> None:
-    """The fitted probe (scaler, then linear model) as the head's linear layer, on the raw features."""
+    """The fitted probe (scaler, then linear model) as the head's linear layer, on the raw features; a
+    window head's context weights take the window features' coefficients over 2w + 1 at every offset."""
     scaler, model = pipe[0], pipe[-1]
     coef = np.atleast_2d(model.coef_) / scaler.scale_                    # on raw features
     bias = np.atleast_1d(model.intercept_) - coef @ scaler.mean_
-    out = net.head.out
-    W = np.zeros((out.out_features, out.in_features))
+    out, context = net.head.out, getattr(net.head, "context", None)
+    W = np.zeros((out.out_features, coef.shape[1]))
     b = np.zeros(out.out_features)
     if task == "regression":
         W[0], b[0] = coef[0], bias[0]
@@ -86,6 +99,10 @@ def _fold_into_head(net: FineTuneNet, task: str, pipe) -> None:
         if len(missing):  # a class absent from train: never predicted, as by the probe
             b[missing] = b[model.classes_].min() - 10.0
     with torch.no_grad():
+        if context is not None:                                          # [own state, window mean]
+            W, around = W[:, :out.in_features], W[:, out.in_features:] / context.kernel_size[0]
+            context.weight.copy_(torch.as_tensor(around, dtype=context.weight.dtype)[:, :, None]
+                                 .expand_as(context.weight))
         out.weight.copy_(torch.as_tensor(W, dtype=out.weight.dtype))
         out.bias.copy_(torch.as_tensor(b, dtype=out.bias.dtype))
         if hasattr(net.head, "score"):

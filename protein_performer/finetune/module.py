@@ -19,6 +19,12 @@ def _state(net: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in net.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+def interpolate(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor], share: float) -> dict[str, torch.Tensor]:
+    """Weight-space interpolation (WiSE-FT, Wortsman et al. 2022): ``share`` of ``end`` and the rest of
+    ``start`` for each floating-point tensor; other tensors (counters) are ``end``'s."""
+    return {k: torch.lerp(start[k], v, share) if v.is_floating_point() else v for k, v in end.items()}
+
+
 def encoder_groups(encoder: nn.Module, lr: float, decay: float = 1.0) -> list[tuple[list, float]]:
     """The encoder's trainable parameters as (parameters, rate) groups: layer-wise rate decay (ELECTRA,
     BEiT): the final norm and the last block at ``lr``, each block below it ``decay`` times the one
@@ -36,7 +42,8 @@ def encoder_groups(encoder: nn.Module, lr: float, decay: float = 1.0) -> list[tu
 class FineTuner(pl.LightningModule):
     """Loss, optimizer, and the best validated weights (kept in memory, put back at the end): every
     validation is a candidate (``stage``: "probe" for the probed head before training, then each
-    epoch), ranked by ``select_by`` on the validation split (ties: the lower loss, then the earlier).
+    epoch, then the interpolations validated after training), ranked by ``select_by`` on the
+    validation split (ties: the lower loss, then the earlier).
 
     ``lr``: the encoder's rate (or its LoRA adapters'), ``head_lr`` the head's; ``scale``: the
     regression target's (mean, std), the head trained on standardized values; ``schedule``:
@@ -51,8 +58,9 @@ class FineTuner(pl.LightningModule):
         self.net, self.best, self.best_loss, self._val = net, None, math.inf, []
         self.lr, self.head_lr, self.weight_decay, self.scale = lr, head_lr, weight_decay, scale
         self.schedule, self.warmup, self.seconds, self.select_by = schedule, warmup, seconds, select_by
-        self.best_epoch = None  # 0 = the start (validated before training), n = after epoch n
+        self.best_epoch = None  # 0 = the start (validated before training), n = after epoch n (or its interpolation)
         self.best_name, self.best_key, self.stage, self.candidates = None, None, "start", []
+        self.stage_epoch = 0  # the epoch a candidate validated outside fit comes from (0: the start)
 
     def loss_of(self, out, y) -> tuple[torch.Tensor, int]:
         if self.net.task == "regression":
@@ -96,7 +104,7 @@ class FineTuner(pl.LightningModule):
         if self.best_key is None or key > self.best_key:
             self.best_key, self.best_loss, self.best_name = key, loss, name
             self.best = {k: v.detach().clone() for k, v in _state(self.net).items()}
-            self.best_epoch = self.trainer.current_epoch + 1 if fitting else 0
+            self.best_epoch = self.trainer.current_epoch + 1 if fitting else self.stage_epoch
 
     def configure_optimizers(self):
         groups = [{"params": list(self.net.head.parameters()), "lr": self.head_lr}] + [

@@ -23,12 +23,15 @@ from ..training.progress import check_progress, lightning_progress
 from .batches import Encoded, _loader
 from .head_init import probe_head_init
 from .labels import SPLITS, Examples, assign_splits, read_examples
-from .module import FineTuner
+from .module import FineTuner, _state, interpolate
 from .outputs import _check_output, _write_outputs
 from .report import baseline, metrics, predict, selection_summary
 from .schedule import SELECT_BY, WARMUP, time_budget
 
 log = logging.getLogger(__name__)
+
+#: the shares of the fine-tuned weights tried beside the probe's (WiSE-FT): each a validated candidate
+SHARES = (0.25, 0.5, 0.75)
 
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
 #: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
@@ -43,32 +46,31 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
-             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric") -> dict:
+             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
+             interpolate: bool = True) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
-    and feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged into
-    the weights at the end.  ``window`` (task=residue): the head also sees that many residues on
-    either side (None: :data:`RESIDUE_WINDOW` for task=residue, else 0).  ``head_init``: ``probe``
-    (the head starts as a linear probe of the frozen encoder, :func:`~.head_init.probe_head_init`; the
-    validation loss of that start competes with every epoch's) or ``random``.  Whatever the start, a
-    linear probe of the frozen encoder is fitted on the training split and validated
-    (``probe_baseline``; false: only the epochs compete, head_init=random), and the weights kept are
-    the best of the probe and every epoch on the validation split by ``select_by`` (auto: accuracy,
-    Spearman or residue accuracy; or macro_f1, mcc, loss), so fine-tuning never ends below its own
-    probe on validation.  ``layer_decay``: each encoder block below the last trains at this times the
-    rate of the one above (:func:`~.module.encoder_groups`; 1: one rate).  ``stop_on``: early stopping
-    (``patience``) watches the validation ``metric`` that ``select_by`` names (the recipe study's choice,
-    docs/downstream.md) or the ``loss``.  ``schedule``: ``constant`` rates, or ``linear``
-    (:func:`~.schedule.warmup_linear`: up over the first ``warmup`` share of the trainer's steps, then
-    down to 0 at its last).  Progress: one line per epoch (the validation loss, its best, the ETA) on
+    and feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at
+    the end.  ``window`` (task=residue): the head also sees that many residues on either side (None:
+    :data:`RESIDUE_WINDOW`).  ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or
+    ``random``.  Whatever the start, a linear probe of the frozen encoder is fitted on the training
+    split (``probe_baseline``); the weights kept are the best on the validation split by ``select_by``
+    (auto: accuracy, Spearman or residue accuracy; or macro_f1, mcc, loss) of the probe, every epoch
+    and (``interpolate``) the weights between the probe's and the best epoch's at :data:`SHARES`
+    (WiSE-FT), so fine-tuning never ends below its own probe on validation.  ``layer_decay``: each
+    encoder block below the last at this times the rate above (:func:`~.module.encoder_groups`).
+    ``stop_on``: early stopping (``patience``) on the validation ``metric`` that ``select_by`` names, or
+    the ``loss``.  ``schedule``: ``constant``, or ``linear`` (:func:`~.schedule.warmup_linear`: up over
+    ``warmup`` of the trainer's steps, then down to 0 at its last).  Progress: a line per epoch on
     stdout; with the trainer's progress bar on and stdout not a terminal, also a line every
     ``progress_every`` steps or ``progress_seconds`` seconds instead of the bar."""
     out = Path(output_dir)
     OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                                head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on)
+                                head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on,
+                                interpolate, probe_baseline)
     if window is None:
         window = RESIDUE_WINDOW if task == "residue" else 0
     tok = Tokenizer(unknown=unknown)
@@ -92,7 +94,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}", remove=True):
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             probe, seconds = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale,
-                                    probe_baseline or head_init == "probe", head_init)
+                                    probe_baseline or head_init == "probe", head_init, interpolate)
             net = module.net
             if lora:
                 net.merge_lora()
@@ -110,6 +112,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
                     "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
                     "select_by": select_by, "layer_decay": float(layer_decay), "stop_on": stop_on,
+                    "interpolate": interpolate,
                     "lora": dict(zip(("rank", "alpha", "dropout"), adapters)) if lora else None,
                     "model": net.encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
@@ -118,7 +121,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on) -> str:
+                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate=False,
+                    probe_baseline=True) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -144,6 +148,9 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
         raise UserError(f"layer_decay={layer_decay}: a factor in (0, 1] (1: every block at lr)")
     if stop_on not in ("loss", "metric"):
         raise UserError(f"stop_on={stop_on!r}: choose loss or metric (the one select_by names)")
+    for name, v in (("interpolate", interpolate), ("probe_baseline", probe_baseline)):
+        if not isinstance(v, bool):
+            raise UserError(f"{name}={v!r}: true or false")
     return select_by
 
 
@@ -236,23 +243,32 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
 
 
 def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
-           scale: tuple[float, float], probe: bool, head_init: str) -> tuple[dict | None, float]:
+           scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False) -> tuple[dict | None, float]:
     """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
-    unless head_init=probe, the epochs trained, and the best candidate's weights put back; returns
-    what the probe fitted (None: no probe) and the seconds it all took."""
+    unless head_init=probe, the epochs trained, with ``shares`` their best interpolated with the probe
+    (:data:`SHARES`) and validated, and the best candidate's weights put back; returns what the probe
+    fitted (None: no probe) and the seconds it all took."""
     net = module.net
     pl.seed_everything(seed, verbose=False)
     start = time.perf_counter()
     random_head = {k: v.clone() for k, v in net.head.state_dict().items()}
     fitted = probe_head_init(net, data["train"], max_tokens, scale, seed) if probe else None  # the baseline
     valid = _loader(data["valid"], pad_id, max_tokens)
+    probed = None
     if fitted is not None:  # the probe is a candidate for the kept weights (head_init=probe: the start)
         module.stage = "probe"
         fit.validate(module, valid, verbose=False)
+        probed = {k: v.detach().clone() for k, v in _state(net).items()}
     if head_init == "random":
         net.head.load_state_dict(random_head)
     net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
     fit.fit(module, _loader(data["train"], pad_id, max_tokens, train=True, seed=seed), valid)
+    if shares and probed is not None and module.best_epoch:  # an epoch beat the probe: pull it back toward it
+        tuned, name, module.stage_epoch = module.best, module.best_name, module.best_epoch
+        for share in SHARES:
+            net.load_state_dict(interpolate(probed, tuned, share), strict=False)
+            module.stage = f"{share:g} {name} + {1 - share:g} probe"
+            fit.validate(module, valid, verbose=False)
     seconds = time.perf_counter() - start
     if module.best is not None:
         net.load_state_dict(module.best, strict=False)
