@@ -39,7 +39,8 @@ EPOCHS = 3
 STUDY_TASKS = ("signalp", "scop", "stability", "ss3")
 #: finetune's settings for every recipe (downstream.py's recipe)
 BASE = {"lr": 3e-4, "head_lr": 3e-3, "dropout": 0.0, "schedule": "linear", "max_tokens": 2048, "patience": 2,
-        "head_init": "random", "freeze": "none", "pooling": "mean", "layer_decay": 1.0, "stop_on": "loss"}
+        "head_init": "random", "freeze": "none", "pooling": "mean", "layer_decay": 1.0, "stop_on": "loss",
+        "interpolate": False}
 #: recipe -> (what it changes against base, finetune settings; "epochs": the epochs' cap)
 RECIPES = {
     "base": ("downstream.py's recipe: one encoder rate 10x below the head's, mean pooling, 3 epochs", {}),
@@ -49,7 +50,15 @@ RECIPES = {
     "attention_pooling": ("attention pooling instead of the mean (not for per-residue ss3)", {"pooling": "attention"}),
     "stop_on_metric": ("up to 6 epochs, early stopping on the validation metric (patience 1)",
                        {"stop_on": "metric", "patience": 1, "epochs": 6}),
+    "interpolate": ("stop_on_metric, and the weights 1/4, 1/2 and 3/4 of the way from the probe's to the best "
+                    "epoch's validated too (WiSE-FT)", {"stop_on": "metric", "patience": 1, "epochs": 6,
+                                                        "interpolate": True}),
+    "lp_ft_interpolate": ("interpolate, with the head starting as the probe (LP-FT)",
+                          {"stop_on": "metric", "patience": 1, "epochs": 6, "interpolate": True,
+                           "head_init": "probe"}),
 }
+#: the recipes every other is compared with in the table (Δ columns): the study's start and today's default
+AGAINST = ("base", "stop_on_metric")
 
 
 def key(row: dict) -> tuple:
@@ -77,7 +86,10 @@ def headline(task: str, metrics: dict) -> float:
 
 
 def baseline(args) -> dict:
-    """The frozen encoder's linear probe (embed's defaults) and composition, on the task's test split."""
+    """The frozen encoder's linear probe and composition, on the task's test split: per protein, the
+    mean of the last layer's states (embed's defaults); per residue, the residue's state beside the mean
+    of those within downstream.WINDOW of it, the context the composition baseline and finetune's head
+    and probe see."""
     import numpy as np
 
     from protein_performer import finetune as FT
@@ -90,8 +102,8 @@ def baseline(args) -> dict:
     if task == "residue":
         classes = sorted({c for y in ex.labels for c in y})
         keep, y_tr, y_te = downstream.residue_sample(ex, tr, te, FT.PROBE_RESIDUES, args.seed)
-        f_tr = downstream.residue_features(loaded, seqs(tr), depth, keep)[("per_residue", depth)]
-        f_te = downstream.residue_features(loaded, seqs(te), depth)[("per_residue", depth)]
+        f_tr = downstream.residue_features(loaded, seqs(tr), depth, keep)[("window", depth)]
+        f_te = downstream.residue_features(loaded, seqs(te), depth)[("window", depth)]
         c_tr, c_te = downstream.residue_composition(seqs(tr), keep), downstream.residue_composition(seqs(te))
     else:
         classes = sorted(set(ex.labels)) if task == "classification" else []
@@ -133,29 +145,35 @@ def mean_spread(values: list[float]) -> str:
 
 def render(rows: dict[tuple, dict]) -> list[str]:
     """The study's table: per task, each recipe's mean ± half-range over the seeds run, and its average
-    change against base over the tasks both ran at the same seeds."""
+    change against each of :data:`AGAINST` over the tasks both ran at the same seeds."""
     tasks = [t for t in (*STUDY_TASKS, *downstream.OUT_OF_SAMPLE) if any(k[2] == t for k in rows)]
     seeds = sorted({k[3] for k in rows})
     recipes = [r for r in RECIPES if any(k[0] == "finetune" and k[1] == r for k in rows)]
     lines = [f"Test split, {', '.join(f'{t}: {downstream.HEADLINE[downstream.TASKS[t][0]]}' for t in tasks)}; the mean over "
-             f"seeds {', '.join(map(str, seeds))} ± half their range. Δ: the recipe's mean change against base over the "
-             "study's tasks (seed by seed, the tasks both ran). probe / composition: the frozen encoder's linear "
-             "probe (embed's defaults) and amino-acid composition on the same subsample.", "",
+             f"seeds {', '.join(map(str, seeds))} ± half their range. Δ: the recipe's mean change against "
+             f"{' and '.join(AGAINST)} over the study's tasks (seed by seed, the tasks both ran). kept: how often "
+             "the validation split chose the probe, or a mix of the probe's and an epoch's weights. probe / "
+             "composition: the frozen encoder's linear probe (per protein: the mean of the last layer; per residue: "
+             f"the residue's state beside its neighbours' mean within {downstream.WINDOW}) and amino-acid composition "
+             "(per residue: the residue and its neighbours' frequencies), on the same subsample.", "",
              "| recipe | " + " | ".join(t + (" (out of sample)" if t in downstream.OUT_OF_SAMPLE else "") for t in tasks)
-             + " | Δ vs base | kept the probe |", "|---|" + "---:|" * (len(tasks) + 2)]
+             + "".join(f" | Δ vs {r}" for r in AGAINST) + " | kept: probe, mix |",
+             "|---|" + "---:|" * (len(tasks) + len(AGAINST) + 1)]
     for kind, recipe in [("finetune", r) for r in recipes] + [("baseline", "probe"), ("baseline", "composition")]:
-        cells, deltas, kept = [], [], []
+        cells, deltas, kept = [], {r: [] for r in AGAINST}, []
         for t in tasks:
             values = {s: v for s in seeds if (v := test_value(rows, kind, recipe, t, s)) is not None}
             cells.append(mean_spread(list(values.values())))
             if kind != "finetune":
                 continue
-            base = {s: v for s in seeds if (v := test_value(rows, kind, "base", t, s)) is not None}
-            deltas += [values[s] - base[s] for s in values if s in base and t in STUDY_TASKS]
-            kept += [rows["finetune", recipe, t, s]["selection"]["kept"] == "probe" for s in values]
-        delta = f"{sum(deltas) / len(deltas):+.3f}" if deltas and recipe != "base" else "–"
-        lines.append(f"| {recipe} | " + " | ".join(cells) + f" | {delta} | "
-                     + (f"{sum(kept)} of {len(kept)}" if kept else "–") + " |")
+            for r in AGAINST:
+                other = {s: v for s in seeds if (v := test_value(rows, kind, r, t, s)) is not None}
+                deltas[r] += [values[s] - other[s] for s in values if s in other and t in STUDY_TASKS]
+            kept += [rows["finetune", recipe, t, s]["selection"]["kept"] for s in values]
+        delta = [f"{sum(d) / len(d):+.3f}" if d and recipe != r else "–" for r, d in deltas.items()]
+        mixes = sum(" + " in k for k in kept)
+        lines.append(f"| {recipe} | " + " | ".join(cells + delta) + " | "
+                     + (f"{kept.count('probe')}, {mixes} of {len(kept)}" if kept else "–") + " |")
     lines += ["", "Recipes: " + "; ".join(f"`{r}`: {RECIPES[r][0]}" for r in recipes) + "."]
     return lines
 
