@@ -228,7 +228,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
                 for (p, layer) in f_tr}
         res["composition"] = probe(task, classes, residue_composition(seqs(tr), keep), y_tr,
                                    residue_composition(seqs(te)), y_te, args.seed)
-        res["probe_default"] = grid[f"per_residue/{depth}"]
+        res["probe_default"] = grid[f"window/{depth}"]  # the context finetune's head and probe, and composition, see
         res["probe_residues"] = int(len(y_tr))
     else:
         classes = sorted(set(ex.labels)) if task == "classification" else []
@@ -324,7 +324,7 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
              + epochs_note(meta, tasks) + ", to keep the run short on "
              "2 CPU cores: the figures are what this budget buys, not the model's ceiling.", "",
              "| task | metric | fine-tuned | " + ("LoRA | " if meta["lora"] else "") +
-             "linear probe (embed defaults) | composition | constant | fine-tune time |",
+             "linear probe (last layer; ss3: with its window) | composition | constant | fine-tune time |",
              "|---|---|---:|" + ("---:|" if meta["lora"] else "") + "---:|---:|---:|---:|"]
     for name, r in tasks.items():
         task = r["task"]
@@ -379,7 +379,9 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                       "merged into the weights at the end)."]
     lines += ["", "Linear probe: `probe`'s pipeline (standardize, then logistic regression with C chosen by 3-fold "
               "cross-validation, or ridge with alpha by leave-one-out) fitted on the training subsample's embeddings "
-              "and scored on the test split with the `finetune` metrics. Composition: the 20 amino-acid frequencies "
+              "and scored on the test split with the `finetune` metrics: per protein the mean of the last layer's states "
+              f"(embed's defaults), per residue the residue's state beside the mean of those within {WINDOW} of it "
+              "(`window` below: what finetune's windowed head and its probe see). Composition: the 20 amino-acid frequencies "
               f"of each protein; per residue (ss3): the residue's one-hot and the frequencies within {WINDOW} residues "
               "of it (40 features)." + "".join(f" {name}'s probes are fitted on a seeded sample of {r['probe_residues']:,} "
                                                "training residues." for name, r in tasks.items() if "probe_residues" in r), ""]
@@ -409,7 +411,7 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
         key = HEADLINE[r["task"]]
         d, comp = r["probe_default"][key], r["composition"][key]
         best_k, best = max(r["probe_grid"].items(), key=lambda kv: kv[1][key] if kv[1][key] == kv[1][key] else -1.0)
-        verdict.append(f"- {name}: defaults {d:.3f} vs composition {comp:.3f} "
+        verdict.append(f"- {name}: the probe above {d:.3f} vs composition {comp:.3f} "
                        f"({'beats it' if d > comp else 'does not beat it'}); best `{best_k}` {best[key]:.3f}")
     lines += ["Summary:", ""] + verdict + [""]
 

@@ -273,7 +273,7 @@ def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_wei
     rows, labels = rich_or_poor(tmp_path, 200, seed=10)  # a seed where a mix ranks first
     out = tmp_path / "out"
     FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
-                max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
+                interpolate=True, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
                 progress_seconds=None)
     m = json.loads((out / "metrics.json").read_text())
     cands = m["selection"]["candidates"]

@@ -47,7 +47,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
-             interpolate: bool = True) -> dict:
+             interpolate: bool = False) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
