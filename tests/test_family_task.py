@@ -53,8 +53,10 @@ def test_the_built_file_is_the_same_bytes_every_time_and_reads_back(tmp_path):
 def test_the_recipe_table_means_spreads_and_changes_by_hand(tmp_path):
     raw = tmp_path / "rows.jsonl"
     rows = []
-    for seed, (base, other, probe, comp) in enumerate([(0.60, 0.70, 0.55, 0.50), (0.64, 0.66, 0.57, 0.52)]):
-        for recipe, acc, kept in (("base", base, "epoch 3"), ("freeze_2", other, "probe")):
+    for seed, (base, other, som, probe, comp) in enumerate([(0.60, 0.70, 0.66, 0.55, 0.50),
+                                                            (0.64, 0.66, 0.64, 0.57, 0.52)]):
+        for recipe, acc, kept in (("base", base, "epoch 3"), ("freeze_2", other, "probe"),
+                                  ("stop_on_metric", som, "0.5 epoch 2 + 0.5 probe" if seed == 0 else "epoch 2")):
             rows.append({"kind": "finetune", "recipe": recipe, "task": "scop", "seed": seed,
                          "test": {"accuracy": acc}, "selection": {"kept": kept}})
         rows.append({"kind": "baseline", "recipe": None, "task": "scop", "seed": seed,
@@ -63,11 +65,14 @@ def test_the_recipe_table_means_spreads_and_changes_by_hand(tmp_path):
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = recipes.render(recipes.read_rows(raw))
     lines = {line.split(" | ")[0]: line for line in table if line.startswith("| ")}
-    # base: seeds 0.62 and 0.64 -> 0.630 ± 0.010; freeze_2: 0.70, 0.66 -> 0.680 ± 0.020, Δ ((0.70 - 0.62) + (0.66 - 0.64)) / 2
-    assert lines["| base"] == "| base | 0.630 ± 0.010 | – | 0 of 2 |"
-    assert lines["| freeze_2"] == "| freeze_2 | 0.680 ± 0.020 | +0.050 | 2 of 2 |"
-    assert lines["| probe"] == "| probe | 0.560 ± 0.010 | – | – |"
-    assert lines["| composition"] == "| composition | 0.510 ± 0.010 | – | – |"
+    # base: seeds 0.62 and 0.64 -> 0.630 ± 0.010; freeze_2: 0.70, 0.66 -> 0.680 ± 0.020, Δ vs base
+    # ((0.70 - 0.62) + (0.66 - 0.64)) / 2, vs stop_on_metric ((0.70 - 0.66) + (0.66 - 0.64)) / 2; stop_on_metric:
+    # 0.66, 0.64, Δ vs base ((0.66 - 0.62) + 0) / 2; kept: the probe, then a mix (names with " + ")
+    assert lines["| base"] == "| base | 0.630 ± 0.010 | – | -0.020 | 0, 0 of 2 |"
+    assert lines["| freeze_2"] == "| freeze_2 | 0.680 ± 0.020 | +0.050 | +0.030 | 2, 0 of 2 |"
+    assert lines["| stop_on_metric"] == "| stop_on_metric | 0.650 ± 0.010 | +0.020 | – | 0, 1 of 2 |"
+    assert lines["| probe"] == "| probe | 0.560 ± 0.010 | – | – | – |"
+    assert lines["| composition"] == "| composition | 0.510 ± 0.010 | – | – | – |"
 
 
 @pytest.mark.parametrize("text", ["", "\n"])
