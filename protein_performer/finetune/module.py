@@ -19,6 +19,11 @@ def _state(net: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in net.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+def snapshot(net: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the weights now (training goes on changing the net's own)."""
+    return {k: v.detach().clone() for k, v in _state(net).items()}
+
+
 def interpolate(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor], share: float) -> dict[str, torch.Tensor]:
     """Weight-space interpolation (WiSE-FT, Wortsman et al. 2022): ``share`` of ``end`` and the rest of
     ``start`` for each floating-point tensor; other tensors (counters) are ``end``'s."""
@@ -103,7 +108,7 @@ class FineTuner(pl.LightningModule):
         key = (-loss,) if metric is None else (-math.inf if math.isnan(metric) else metric, -loss)
         if self.best_key is None or key > self.best_key:
             self.best_key, self.best_loss, self.best_name = key, loss, name
-            self.best = {k: v.detach().clone() for k, v in _state(self.net).items()}
+            self.best = snapshot(self.net)
             self.best_epoch = self.trainer.current_epoch + 1 if fitting else self.stage_epoch
 
     def configure_optimizers(self):

@@ -23,7 +23,7 @@ from ..training.progress import check_progress, lightning_progress
 from .batches import Encoded, _loader
 from .head_init import probe_head_init
 from .labels import SPLITS, Examples, assign_splits, read_examples
-from .module import FineTuner, _state, interpolate
+from .module import FineTuner, interpolate, snapshot
 from .outputs import _check_output, _write_outputs
 from .report import baseline, metrics, predict, selection_summary
 from .schedule import SELECT_BY, WARMUP, time_budget
@@ -121,8 +121,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate=False,
-                    probe_baseline=True) -> str:
+                    head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
+                    probe_baseline) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -258,12 +258,12 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
     if fitted is not None:  # the probe is a candidate for the kept weights (head_init=probe: the start)
         module.stage = "probe"
         fit.validate(module, valid, verbose=False)
-        probed = {k: v.detach().clone() for k, v in _state(net).items()}
+        probed = snapshot(net) if shares else None  # the mixes' start: copied only when they are tried
     if head_init == "random":
         net.head.load_state_dict(random_head)
     net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
     fit.fit(module, _loader(data["train"], pad_id, max_tokens, train=True, seed=seed), valid)
-    if shares and probed is not None and module.best_epoch:  # an epoch beat the probe: pull it back toward it
+    if probed is not None and module.best_epoch:  # an epoch beat the probe: pull it back toward it
         tuned, name, module.stage_epoch = module.best, module.best_name, module.best_epoch
         for share in SHARES:
             net.load_state_dict(interpolate(probed, tuned, share), strict=False)
