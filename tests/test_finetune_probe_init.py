@@ -210,7 +210,8 @@ def test_the_kept_weights_are_the_best_on_validation_by_the_task_metric(ckpt, tm
     _, labels = rich_or_poor(tmp_path, 200, seed=5)
     code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                     f"output_dir={tmp_path / 'out'}", "lr=3e-3", "head_lr=1e-2", "dropout=0.0",
-                                    "trainer.max_epochs=4", "max_tokens=1200", "patience=10", "select_by=mcc")
+                                    "trainer.max_epochs=4", "max_tokens=1200", "patience=10", "select_by=mcc",
+                                    "min_confidence=0")  # the ranking alone (the gate: test_finetune_gate.py)
     assert code == 0, err
     sel = json.loads((tmp_path / "out" / "metrics.json").read_text())["selection"]
     assert sel["by"] == "mcc" and [c["name"] for c in sel["candidates"]][:2] == ["probe", "epoch 1"]
@@ -273,7 +274,7 @@ def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_wei
     rows, labels = rich_or_poor(tmp_path, 200, seed=10)  # a seed where a mix ranks first
     out = tmp_path / "out"
     FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
-                interpolate=True, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
+                interpolate=True, min_confidence=0, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
                 progress_seconds=None)
     m = json.loads((out / "metrics.json").read_text())
     cands = m["selection"]["candidates"]

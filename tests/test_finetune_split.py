@@ -21,7 +21,8 @@ AA = "ACDEFGHIKLMNPQRSTVWY"
 MODEL = dict(dim=32, depth=2, heads=2, dropout=0.0, position="rotary", rotary_base=10000.0,
              attention=dict(kernel="softmax", nb_features=16, local_heads=0))
 #: what each case gives finetune besides ckpt, labels, task and output_dir: a few steps each
-FAST = dict(lr=3e-3, head_lr=1e-2, max_tokens=600, patience=30, stop_on="loss", interpolate=False, progress_every=None, progress_seconds=None,
+FAST = dict(lr=3e-3, head_lr=1e-2, max_tokens=600, patience=30, stop_on="loss", interpolate=False, min_confidence=0,
+            progress_every=None, progress_seconds=None,
             trainer={"max_epochs": 3, "max_steps": 6, "enable_progress_bar": False})
 CASES = {
     "classification": dict(task="classification", kw=dict(seed=1)),
@@ -76,7 +77,11 @@ def run_case(ckpt, tmp_path, name: str) -> dict:
     meta = json.loads((out / "finetune.json").read_text())
     meta.pop("source"), meta.pop("model")
     # settings added after the reference (issue 45's recipe study), at the values that reproduce it
-    assert (meta.pop("layer_decay"), meta.pop("stop_on"), meta.pop("interpolate")) == (1.0, "loss", False)
+    assert (meta.pop("layer_decay"), meta.pop("stop_on"), meta.pop("interpolate"), meta.pop("min_confidence")) == (
+        1.0, "loss", False, 0.0)
+    gate = {k: metrics["selection"].pop(k) for k in ("min_confidence", "best_tuned", "confidence", "tuned_over_probe")
+            if k in metrics["selection"]}  # the gate's figures (issue 45), which min_confidence=0 never acts on
+    assert gate["min_confidence"] == 0.0 and 0 <= gate.get("confidence", 0) <= 1
     return {"predictions": predictions, "metrics": metrics, "meta": meta}
 
 

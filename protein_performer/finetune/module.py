@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..model.heads import FineTuneNet
 from ..objectives import IGNORE
+from .confidence import Validated, bootstrap_confidence
 from .schedule import selection_metric, warmup_linear
 
 
@@ -48,7 +49,9 @@ class FineTuner(pl.LightningModule):
     """Loss, optimizer, and the best validated weights (kept in memory, put back at the end): every
     validation is a candidate (``stage``: "probe" for the probed head before training, then each
     epoch, then the interpolations validated after training), ranked by ``select_by`` on the
-    validation split (ties: the lower loss, then the earlier).
+    validation split (ties: the lower loss, then the earlier).  The probe's validation outputs and the
+    best candidate's are kept for :meth:`confidence_over_probe`, and :meth:`keep_probe` puts the probe
+    back when the best fine-tuned candidate's lead is not sure enough.
 
     ``lr``: the encoder's rate (or its LoRA adapters'), ``head_lr`` the head's; ``scale``: the
     regression target's (mean, std), the head trained on standardized values; ``schedule``:
@@ -66,6 +69,8 @@ class FineTuner(pl.LightningModule):
         self.best_epoch = None  # 0 = the start (validated before training), n = after epoch n (or its interpolation)
         self.best_name, self.best_key, self.stage, self.candidates = None, None, "start", []
         self.stage_epoch = 0  # the epoch a candidate validated outside fit comes from (0: the start)
+        self.probe_val = self.best_val = None  # Validated: the probe's outputs, the best candidate's
+        self._seen = 0  # validation proteins so far in this pass (each row's protein index)
 
     def loss_of(self, out, y) -> tuple[torch.Tensor, int]:
         if self.net.task == "regression":
@@ -82,34 +87,51 @@ class FineTuner(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         out, y = self.net(batch["tokens"], batch["padding_mask"]).float(), batch["targets"]
         loss, n = self.loss_of(out, y)
+        protein = torch.arange(self._seen, self._seen + len(y))
+        self._seen += len(y)
         if self.net.task == "residue":
             keep = y != IGNORE
-            out, y = out[keep], y[keep]
-        self._val.append((float(loss) * n, n, out.detach().cpu(), y.detach().cpu()))
+            out, y, protein = out[keep], y[keep], protein[:, None].expand(keep.shape)[keep.cpu()]
+        self._val.append((float(loss) * n, n, out.detach().cpu(), y.detach().cpu(), protein))
 
     def on_validation_epoch_end(self):
-        val, self._val = self._val, []
+        val, self._val, self._seen = self._val, [], 0
         loss = sum(v[0] for v in val) / max(sum(v[1] for v in val), 1)
         self.log("val/loss", loss, prog_bar=True)
-        metric = None
+        metric, outputs = None, Validated(*(torch.cat([v[i] for v in val]) for i in (2, 3)),
+                                          torch.cat([v[4] for v in val]).numpy()) if val else None
         if self.select_by != "loss" and val:
-            metric = selection_metric(self.net.task, self.select_by, torch.cat([v[2] for v in val]),
-                                      torch.cat([v[3] for v in val]))
+            metric = selection_metric(self.net.task, self.select_by, outputs.outputs, outputs.targets)
             self.log(f"val/{self.select_by}", metric)
         if self.trainer.sanity_checking:
             return
-        self.candidate(loss, metric)
+        self.candidate(loss, metric, outputs)
 
-    def candidate(self, loss: float, metric: float | None) -> None:
+    def candidate(self, loss: float, metric: float | None, outputs: Validated | None = None) -> None:
         """This validation as a candidate for the kept weights; kept when it ranks above the best so far."""
         fitting = self.trainer.state.fn == "fit"
         name = f"epoch {self.trainer.current_epoch + 1}" if fitting else self.stage
         self.candidates.append({"name": name, "loss": loss, **({self.select_by: metric} if metric is not None else {})})
+        if name == "probe":
+            self.probe_val = outputs
         key = (-loss,) if metric is None else (-math.inf if math.isnan(metric) else metric, -loss)
         if self.best_key is None or key > self.best_key:
-            self.best_key, self.best_loss, self.best_name = key, loss, name
+            self.best_key, self.best_loss, self.best_name, self.best_val = key, loss, name, outputs
             self.best = snapshot(self.net)
             self.best_epoch = self.trainer.current_epoch + 1 if fitting else self.stage_epoch
+
+    def confidence_over_probe(self, seed: int) -> float | None:
+        """:func:`~.confidence.bootstrap_confidence` of the best candidate over the probe; None when there
+        is nothing to weigh (no probe, the probe is best, or candidates ranked by the loss)."""
+        if self.select_by == "loss" or self.probe_val is None or self.best_name in (None, "probe"):
+            return None
+        return bootstrap_confidence(self.net.task, self.select_by, self.probe_val, self.best_val, seed)
+
+    def keep_probe(self, weights: dict[str, torch.Tensor]) -> None:
+        """The probe's candidate (its ``weights``: a :func:`snapshot` taken when it was validated) kept."""
+        probe = next(c for c in self.candidates if c["name"] == "probe")
+        self.best, self.best_name, self.best_loss, self.best_epoch = weights, "probe", probe["loss"], 0
+        self.best_key, self.best_val = (probe.get(self.select_by, -probe["loss"]), -probe["loss"]), self.probe_val
 
     def configure_optimizers(self):
         groups = [{"params": list(self.net.head.parameters()), "lr": self.head_lr}] + [

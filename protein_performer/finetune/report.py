@@ -66,14 +66,18 @@ def baseline(task: str, train: list, test: list) -> dict:
     return {"accuracy": sum(y == top for y in test) / len(test)}
 
 
-def selection_summary(candidates: list[dict], kept: str | None, by: str) -> dict:
-    """What metrics.json says about the choice: every validated candidate, the one kept, and the kept
-    one's margin over the probe on the validation split (by ``by``; the test split chose nothing)."""
-    summary = {"by": by, "split": "valid", "kept": kept, "candidates": candidates}
+def selection_summary(candidates: list[dict], kept: str | None, by: str, gate: dict | None = None) -> dict:
+    """What metrics.json says about the choice: every validated candidate, the one kept, the kept one's
+    margin over the probe on the validation split (by ``by``; the test split chose nothing), and the
+    gate's figures (``gate``: min_confidence; best_tuned, the best fine-tuned candidate, with its
+    confidence over the probe and its margin, tuned_over_probe)."""
+    summary = {"by": by, "split": "valid", "kept": kept, "candidates": candidates, **(gate or {})}
     probe = next((c for c in candidates if c["name"] == "probe"), None)
-    best = next((c for c in candidates if c["name"] == kept), None)
-    if probe is not None and best is not None and by in best:
-        summary["over_probe"] = best[by] - probe[by]
+    score = {c["name"]: c.get(by) for c in candidates}
+    if probe is not None and score.get(kept) is not None:
+        summary["over_probe"] = score[kept] - probe[by]
+    if probe is not None and score.get(summary.get("best_tuned")) is not None:
+        summary["tuned_over_probe"] = score[summary["best_tuned"]] - probe[by]
     return summary
 
 
@@ -90,6 +94,12 @@ def format_metrics(result: dict) -> str:
         choice = f"\nkept: {sel['kept']} (valid {sel['by']} {value:.4f}"
         if "over_probe" in sel and sel["kept"] != "probe":
             choice += f", {sel['over_probe']:+.4f} over the linear probe"
+            if "confidence" in sel:
+                choice += f", ahead in {sel['confidence']:.0%} of the validation bootstrap's draws"
+        elif sel["kept"] == "probe" and "confidence" in sel:
+            choice += (f": {sel['best_tuned']} scored {sel['tuned_over_probe']:+.4f} above it but was ahead in only "
+                       f"{sel['confidence']:.0%} of the validation bootstrap's draws, below min_confidence "
+                       f"{sel['min_confidence']:g}")
         elif sel["kept"] == "probe":
             choice += ": no epoch beat the linear probe"
         choice += ")"

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 #: the shares of the fine-tuned weights tried beside the probe's (WiSE-FT): each a validated candidate
 SHARES = (0.25, 0.5, 0.75)
 
+#: keep the best fine-tuned candidate over the probe only when it wins in this share of the bootstrap draws
+#: of the validation proteins (docs/downstream.md, the gate study)
+MIN_CONFIDENCE = 0.9
+
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
 #: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
 RESIDUE_WINDOW = 7
@@ -47,7 +51,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
-             interpolate: bool = False) -> dict:
+             interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
@@ -58,8 +62,10 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     split (``probe_baseline``); the weights kept are the best on the validation split by ``select_by``
     (auto: accuracy, Spearman or residue accuracy; or macro_f1, mcc, loss) of the probe, every epoch
     and (``interpolate``) the weights between the probe's and the best epoch's at :data:`SHARES`
-    (WiSE-FT), so fine-tuning never ends below its own probe on validation.  ``layer_decay``: each
-    encoder block below the last at this times the rate above (:func:`~.module.encoder_groups`).
+    (WiSE-FT), so fine-tuning never ends below its own probe on validation; the best fine-tuned one
+    is kept over the probe only when it wins in ``min_confidence`` of the bootstrap draws of the
+    validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
+    ``layer_decay``: each encoder block below the last at this times the rate above.
     ``stop_on``: early stopping (``patience``) on the validation ``metric`` that ``select_by`` names, or
     the ``loss``.  ``schedule``: ``constant``, or ``linear`` (:func:`~.schedule.warmup_linear`: up over
     ``warmup`` of the trainer's steps, then down to 0 at its last).  Progress: a line per epoch on
@@ -70,9 +76,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                                 head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on,
-                                interpolate, probe_baseline)
-    if window is None:
-        window = RESIDUE_WINDOW if task == "residue" else 0
+                                interpolate, probe_baseline, min_confidence)
+    window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
     classes, scale = _classes_and_scale(ex, split, task, labels)
@@ -93,12 +98,11 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             raise UserError(f"trainer: {first_line(e)}") from e
         with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}", remove=True):
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
-            probe, seconds = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale,
-                                    probe_baseline or head_init == "probe", head_init, interpolate)
-            net = module.net
+            probe, seconds, gate = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale, probe_baseline
+                                          or head_init == "probe", head_init, interpolate, min_confidence)
             if lora:
-                net.merge_lora()
-            net = net.cpu().eval()
+                module.net.merge_lora()
+            net = module.net.cpu().eval()
             predictions, scores = predict(net, data["test"], max_tokens, classes, scale)
             test_labels_ = [ex.labels[i] for i in part["test"]]
             result = metrics(task, classes, test_labels_, predictions, scores)
@@ -107,12 +111,12 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           epochs=int(fit.current_epoch), train_seconds=round(seconds, 2),
                           best_val_loss=module.best_loss if module.best is not None else None,
                           head_init=head_init, probe=probe, best_epoch=module.best_epoch,
-                          selection=selection_summary(module.candidates, module.best_name, select_by))
+                          selection=selection_summary(module.candidates, module.best_name, select_by, gate))
             meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
                     "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
                     "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
                     "select_by": select_by, "layer_decay": float(layer_decay), "stop_on": stop_on,
-                    "interpolate": interpolate,
+                    "interpolate": interpolate, "min_confidence": float(min_confidence),
                     "lora": dict(zip(("rank", "alpha", "dropout"), adapters)) if lora else None,
                     "model": net.encoder.config.to_dict(), "source": str(ckpt)}
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
@@ -122,7 +126,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
-                    probe_baseline) -> str:
+                    probe_baseline, min_confidence) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -151,6 +155,9 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     for name, v in (("interpolate", interpolate), ("probe_baseline", probe_baseline)):
         if not isinstance(v, bool):
             raise UserError(f"{name}={v!r}: true or false")
+    if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence <= 1:
+        raise UserError(f"min_confidence={min_confidence!r}: a share of the bootstrap draws in [0, 1] (0: keep the "
+                        f"higher validation score)")
     return select_by
 
 
@@ -243,11 +250,13 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
 
 
 def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
-           scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False) -> tuple[dict | None, float]:
+           scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False,
+           min_confidence: float = 0.0) -> tuple[dict | None, float, dict]:
     """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
     unless head_init=probe, the epochs trained, with ``shares`` their best interpolated with the probe
-    (:data:`SHARES`) and validated, and the best candidate's weights put back; returns what the probe
-    fitted (None: no probe) and the seconds it all took."""
+    (:data:`SHARES`) and validated, the probe kept unless the best beats it in ``min_confidence`` of
+    the bootstrap draws, and the kept candidate's weights put back; returns what the probe fitted
+    (None: no probe), the seconds it all took, and the gate's figures (for selection_summary)."""
     net = module.net
     pl.seed_everything(seed, verbose=False)
     start = time.perf_counter()
@@ -258,18 +267,25 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
     if fitted is not None:  # the probe is a candidate for the kept weights (head_init=probe: the start)
         module.stage = "probe"
         fit.validate(module, valid, verbose=False)
-        probed = snapshot(net) if shares else None  # the mixes' start: copied only when they are tried
+        # the mixes' start and the gate's fallback: copied only when they are used
+        probed = snapshot(net) if shares or min_confidence > 0 else None
     if head_init == "random":
         net.head.load_state_dict(random_head)
     net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
     fit.fit(module, _loader(data["train"], pad_id, max_tokens, train=True, seed=seed), valid)
-    if probed is not None and module.best_epoch:  # an epoch beat the probe: pull it back toward it
+    if shares and probed is not None and module.best_epoch:  # an epoch beat the probe: pull it back toward it
         tuned, name, module.stage_epoch = module.best, module.best_name, module.best_epoch
         for share in SHARES:
             net.load_state_dict(interpolate(probed, tuned, share), strict=False)
             module.stage = f"{share:g} {name} + {1 - share:g} probe"
             fit.validate(module, valid, verbose=False)
+    gate = {"min_confidence": float(min_confidence)}
+    confidence = module.confidence_over_probe(seed)
+    if confidence is not None:
+        gate.update(best_tuned=module.best_name, confidence=confidence)
+        if confidence < min_confidence:
+            module.keep_probe(probed)
     seconds = time.perf_counter() - start
     if module.best is not None:
         net.load_state_dict(module.best, strict=False)
-    return fitted, seconds
+    return fitted, seconds, gate
