@@ -40,7 +40,7 @@ STUDY_TASKS = ("signalp", "scop", "stability", "ss3")
 #: finetune's settings for every recipe (downstream.py's recipe)
 BASE = {"lr": 3e-4, "head_lr": 3e-3, "dropout": 0.0, "schedule": "linear", "max_tokens": 2048, "patience": 2,
         "head_init": "random", "freeze": "none", "pooling": "mean", "layer_decay": 1.0, "stop_on": "loss",
-        "interpolate": False}
+        "interpolate": False, "min_confidence": 0.0}  # 0: the best validated candidate; the gate study reads the confidence
 #: recipe -> (what it changes against base, finetune settings; "epochs": the epochs' cap)
 RECIPES = {
     "base": ("downstream.py's recipe: one encoder rate 10x below the head's, mean pooling, 3 epochs", {}),
