@@ -304,6 +304,14 @@ def headline(task: str, m: dict | None) -> str:
     return fmt(m.get(key)) + (f" / {fmt(m.get(extra))}" if extra else "")
 
 
+def kept(ft: dict | None) -> str:
+    """Which weights finetune kept, and the best epoch's confidence over the probe: 'epoch 3 (0.99)'."""
+    if not ft or "selection" not in ft:
+        return "–"
+    sel = ft["selection"]
+    return sel["kept"] + (f" ({sel['confidence']:.2f})" if sel.get("confidence") is not None else "")
+
+
 def epochs_note(meta: dict, tasks) -> str:
     """' (scop: 5)' for each shown task fine-tuned for other than --epochs epochs."""
     return "".join(f" ({t}: {n})" for t, n in meta.get("task_epochs", {}).items() if t in tasks)
@@ -324,8 +332,8 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
              + epochs_note(meta, tasks) + ", to keep the run short on "
              "2 CPU cores: the figures are what this budget buys, not the model's ceiling.", "",
              "| task | metric | fine-tuned | " + ("LoRA | " if meta["lora"] else "") +
-             "linear probe (last layer; ss3: with its window) | composition | constant | fine-tune time |",
-             "|---|---|---:|" + ("---:|" if meta["lora"] else "") + "---:|---:|---:|---:|"]
+             "linear probe (last layer; ss3: with its window) | composition | constant | fine-tune time | kept (confidence) |",
+             "|---|---|---:|" + ("---:|" if meta["lora"] else "") + "---:|---:|---:|---:|---|"]
     for name, r in tasks.items():
         task = r["task"]
         metric = {"classification": "accuracy / MCC" if len(r["composition"]) and r["composition"].get("auroc")
@@ -338,7 +346,8 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
             time_s += f"; LoRA {lo['train_seconds']:.0f} s"
         lines.append(f"| {name}{' (out of sample)' if name in OUT_OF_SAMPLE else ''} | {metric} | {headline(task, ft)} | " + (f"{headline(task, lo)} | " if meta["lora"] else "")
                      + f"{headline(task, r['probe_default'])} | {headline(task, r['composition'])} | "
-                     f"{fmt(const_v) if const_v is not None else ('0 (Spearman of a constant)' if task == 'regression' else '–')} | {time_s} |")
+                     f"{fmt(const_v) if const_v is not None else ('0 (Spearman of a constant)' if task == 'regression' else '–')} | {time_s} | "
+                     f"{kept(ft)} |")
     lines += ["", "Proteins used (train / valid / test) and what each set is:", "",
               "| task | what | train | valid | test | of (train / valid / test) | files |", "|---|---|---:|---:|---:|---|---|"]
     for name, r in tasks.items():
@@ -362,7 +371,9 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                   + f", dropout {s['dropout']}, max_tokens "
                   f"{s['max_tokens']}, at most {meta['epochs']} epochs{epochs_note(meta, tasks)}, early stopping on the validation "
                   f"{'loss' if s.get('stop_on', 'loss') == 'loss' else 'metric'} (patience {s['patience']}; the weights "
-                  "kept: the best of the linear probe and every epoch by the validation metric)"
+                  "kept: the best epoch by the validation metric, in place of the linear probe only when it beats the "
+                  f"probe in {s.get('min_confidence', FT.MIN_CONFIDENCE):g} of 1,000 bootstrap draws of the validation "
+                  "proteins, its confidence; else the probe: finetune's default gate)"
                   + (f"; the per-residue head also sees {window} residues on either side (`window={window}`)"
                      if window else "") + ". The same for one task by hand:", "", "```bash",
                   "protein-performer finetune ckpt=CKPT labels=signalp.csv task=classification output_dir=ft/signalp "

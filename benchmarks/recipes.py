@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Which fine-tuning recipe transfers (issue 45, item 2): each recipe on the bundled tasks at two seeds,
 beside the frozen encoder's linear probe and amino-acid composition; the table goes into
-docs/downstream.md (between its ``recipes`` markers), the raw rows into docs/results/finetune_recipes.jsonl.
+docs/downstream.md (between its ``recipes`` markers) with the gate study's (finetune's min_confidence read
+off the kept recipe's rows, between its ``gate`` markers), the raw rows into docs/results/finetune_recipes.jsonl.
 
     python benchmarks/recipes.py run --ckpt CKPT --recipe base --task scop --seed 0   # one run, one row
     python benchmarks/recipes.py baseline --ckpt CKPT --task scop --seed 0           # probe + composition
-    python benchmarks/recipes.py render                                               # the table
+    python benchmarks/recipes.py render                                               # the tables
     python benchmarks/recipes.py study --ckpt CKPT [--lock /tmp/heavy.lock]           # every missing row, then the table
     python benchmarks/recipes.py study --ckpt CKPT --final RECIPE                     # then the out-of-sample task
 
@@ -33,6 +34,11 @@ from benchmarks import common, downstream  # noqa: E402
 RAW = common.DOCS / "results" / "finetune_recipes.jsonl"
 DOC = common.DOCS / "downstream.md"
 MARKERS = ("<!-- recipes: start -->", "<!-- recipes: end -->")
+GATE_MARKERS = ("<!-- gate: start -->", "<!-- gate: end -->")
+#: the gate study: finetune's min_confidence values read off the kept recipe's rows (which record the
+#: confidence of their best fine-tuned candidate over the probe)
+GATE_RECIPE = "stop_on_metric"
+THRESHOLDS = (0.0, 0.5, 0.8, 0.9, 0.95)
 #: the study's proteins per task (train, valid, test; None: all): downstream.SIZES with scop cut
 SIZES = {**downstream.SIZES, "scop": (2000, 300, None)}
 EPOCHS = 3
@@ -178,6 +184,48 @@ def render(rows: dict[tuple, dict]) -> list[str]:
     return lines
 
 
+def gate_outcome(rows, task: str, seed: int, threshold: float) -> tuple[float, float, bool] | None:
+    """What the kept recipe's run on ``task`` at ``seed`` would have ended with under min_confidence
+    ``threshold``: (its test value, the probe's, the probe kept).  The gate acts after training, so one
+    run at min_confidence 0 gives every threshold: the epoch kept when its confidence is at least the
+    threshold, else the probe, whose test value is the baseline row's (the same fit for per-protein
+    tasks).  None: a row missing."""
+    row, probe = rows.get(("finetune", GATE_RECIPE, task, seed)), test_value(rows, "baseline", "probe", task, seed)
+    if row is None or probe is None:
+        return None
+    confidence = row["selection"].get("confidence")
+    if confidence is None or confidence >= threshold:  # None: the probe was kept on its own
+        return test_value(rows, "finetune", GATE_RECIPE, task, seed), probe, row["selection"]["kept"] == "probe"
+    return probe, probe, True
+
+
+def render_gate(rows: dict[tuple, dict]) -> list[str]:
+    """The gate study's table: per min_confidence in :data:`THRESHOLDS`, the kept recipe's mean test
+    change against the probe, the runs that ended below it and the runs that kept it, over the study's
+    tasks and, apart, the out-of-sample ones."""
+    seeds = sorted({k[3] for k in rows})
+    groups = {"bundled": STUDY_TASKS, "out of sample": downstream.OUT_OF_SAMPLE}
+    runs = {g: [(t, s) for t in tasks for s in seeds if gate_outcome(rows, t, s, 0.0) is not None]
+            for g, tasks in groups.items()}
+    confidence = [f"{t} {s}: {rows['finetune', GATE_RECIPE, t, s]['selection'].get('confidence', float('nan')):.2f}"
+                  for g in groups for t, s in runs[g]]
+    lines = [f"`{GATE_RECIPE}` run once per task and seed at min_confidence 0; each row keeps the best epoch only "
+             "where its confidence over the probe (the share of 1,000 bootstrap draws of the validation proteins it "
+             "wins) reaches the threshold, else the probe. Δ: the test change against the probe, averaged over "
+             "the runs; below: runs whose test value ends under the probe's; probe: runs that keep it. Confidence "
+             "by run: " + ", ".join(confidence) + " (nan: the probe won validation outright).", "",
+             "| min_confidence | " + " | ".join(f"{g}: Δ vs probe | below | probe" for g in groups) + " |",
+             "|---:|" + "---:|" * (3 * len(groups))]
+    for threshold in THRESHOLDS:
+        cells = []
+        for g in groups:
+            got = [gate_outcome(rows, t, s, threshold) for t, s in runs[g]]
+            cells += ([f"{sum(v - p for v, p, _ in got) / len(got):+.3f}", f"{sum(v < p for v, p, _ in got)} of {len(got)}",
+                       f"{sum(k for _, _, k in got)}"] if got else ["–"] * 3)
+        lines.append(f"| {threshold:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def test_value(rows, kind: str, recipe: str, task: str, seed: int) -> float | None:
     """The headline test metric of a fine-tuning run (kind "finetune") or of a baseline row's probe or
     composition (kind "baseline", recipe "probe" | "composition"); None: not run."""
@@ -201,7 +249,13 @@ def study(a) -> None:
         cmd = [sys.executable, __file__, "baseline" if recipe is None else "run", "--ckpt", a.ckpt,
                "--task", task, "--seed", str(seed), "--raw", str(a.raw)] + (["--recipe", recipe] if recipe else [])
         subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
-    common.publish(render(read_rows(a.raw)), a.doc, *MARKERS)
+    publish(read_rows(a.raw), a.doc)
+
+
+def publish(rows: dict[tuple, dict], doc) -> None:
+    """The recipe table and the gate table, each between its markers of ``doc``."""
+    common.publish(render(rows), doc, *MARKERS)
+    common.publish(render_gate(rows), doc, *GATE_MARKERS)
 
 
 def main(argv=None) -> None:
@@ -217,9 +271,7 @@ def main(argv=None) -> None:
     ap.add_argument("--final", choices=list(RECIPES), help="study: the recipe kept, run last on the out-of-sample tasks")
     a = ap.parse_args(argv)
     if a.what == "render":
-        lines = render(read_rows(a.raw))
-        common.publish(lines, a.doc, *MARKERS)
-        return
+        return publish(read_rows(a.raw), a.doc)
     if a.what == "study" and a.ckpt:
         return study(a)
     if not a.ckpt or not a.task:

@@ -75,6 +75,33 @@ def test_the_recipe_table_means_spreads_and_changes_by_hand(tmp_path):
     assert lines["| composition"] == "| composition | 0.510 ± 0.010 | – | – | – |"
 
 
+def test_the_gate_table_by_hand(tmp_path):
+    """min_confidence read off stop_on_metric rows: an epoch is kept at a threshold only when its confidence
+    reaches it, else the probe (the baseline row's test value)."""
+    raw = tmp_path / "rows.jsonl"
+    runs = [("scop", 0, 0.60, "epoch 2", 0.95, 0.55), ("scop", 1, 0.54, "epoch 3", 0.60, 0.57),
+            ("signalp", 0, 0.88, "probe", None, 0.88), ("family", 0, 0.42, "epoch 2", 0.85, 0.44)]
+    rows = []
+    for task, seed, acc, kept, confidence, probe in runs:
+        selection = {"kept": kept, **({"confidence": confidence} if confidence is not None else {})}
+        rows += [{"kind": "finetune", "recipe": "stop_on_metric", "task": task, "seed": seed,
+                  "test": {"accuracy": acc}, "selection": selection},
+                 {"kind": "baseline", "recipe": None, "task": task, "seed": seed,
+                  "probe": {"accuracy": probe}, "composition": {"accuracy": 0.3}}]
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = recipes.render_gate(recipes.read_rows(raw))
+    assert "by run: signalp 0: nan, scop 0: 0.95, scop 1: 0.60, family 0: 0.85 (" in table[0]
+    lines = {line.split(" | ")[0]: line for line in table if line.startswith("| ") and "Δ" not in line}
+    # bundled, thresholds 0 and 0.5: both scop epochs kept, (+0.05 - 0.03 + 0) / 3, scop 1 below, signalp's
+    # probe kept on its own; from 0.8 scop 1 (0.60) gives way to its probe: 0.05 / 3; at 0.95 scop 0 (0.95)
+    # still reaches it. family: its epoch (0.85) kept up to 0.8, -0.02 below the probe; the probe from 0.9.
+    assert lines["| 0"] == "| 0 | +0.007 | 1 of 3 | 1 | -0.020 | 1 of 1 | 0 |"
+    assert lines["| 0.5"] == "| 0.5 | +0.007 | 1 of 3 | 1 | -0.020 | 1 of 1 | 0 |"
+    assert lines["| 0.8"] == "| 0.8 | +0.017 | 0 of 3 | 2 | -0.020 | 1 of 1 | 0 |"
+    assert lines["| 0.9"] == "| 0.9 | +0.017 | 0 of 3 | 2 | +0.000 | 0 of 1 | 1 |"
+    assert lines["| 0.95"] == "| 0.95 | +0.017 | 0 of 3 | 2 | +0.000 | 0 of 1 | 1 |"
+
+
 @pytest.mark.parametrize("text", ["", "\n"])
 def test_no_rows_no_table_rows(tmp_path, text):
     (tmp_path / "rows.jsonl").write_text(text)
