@@ -107,7 +107,8 @@ class ProgressLines:
         when a line is printed); the printed line, or None.  A field may be a callable, called only then
         (a training loop's mean loss: no device sync on the steps that print nothing)."""
         self.done += n_items
-        self.rated += n_items if rated is None else rated
+        # not +=: a tensor grown in place would grow last_rated, the same object, with it (0 tokens/s)
+        self.rated = self.rated + (n_items if rated is None else rated)
         self.updates += 1
         now = self.clock()
         if (self.every and self.updates >= self.every) or (self.seconds and now - self.last_time >= self.seconds):
