@@ -309,7 +309,7 @@ def kept(ft: dict | None) -> str:
     if not ft or "selection" not in ft:
         return "–"
     sel = ft["selection"]
-    return sel["kept"] + (f" ({sel['confidence']:.2f})" if sel.get("confidence") is not None else "")
+    return sel["kept"] + (f" ({sel['confidence']:.3f})" if sel.get("confidence") is not None else "")
 
 
 def epochs_note(meta: dict, tasks) -> str:

@@ -207,7 +207,7 @@ def render_gate(rows: dict[tuple, dict]) -> list[str]:
     groups = {"bundled": STUDY_TASKS, "out of sample": downstream.OUT_OF_SAMPLE}
     runs = {g: [(t, s) for t in tasks for s in seeds if gate_outcome(rows, t, s, 0.0) is not None]
             for g, tasks in groups.items()}
-    confidence = [f"{t} {s}: {rows['finetune', GATE_RECIPE, t, s]['selection'].get('confidence', float('nan')):.2f}"
+    confidence = [f"{t} {s}: {rows['finetune', GATE_RECIPE, t, s]['selection'].get('confidence', float('nan')):.3f}"
                   for g in groups for t, s in runs[g]]
     lines = [f"`{GATE_RECIPE}` run once per task and seed at min_confidence 0; each row keeps the best epoch only "
              "where its confidence over the probe (the share of 1,000 bootstrap draws of the validation proteins it "

@@ -90,7 +90,7 @@ def test_the_gate_table_by_hand(tmp_path):
                   "probe": {"accuracy": probe}, "composition": {"accuracy": 0.3}}]
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = recipes.render_gate(recipes.read_rows(raw))
-    assert "by run: signalp 0: nan, scop 0: 0.95, scop 1: 0.60, family 0: 0.85 (" in table[0]
+    assert "by run: signalp 0: nan, scop 0: 0.950, scop 1: 0.600, family 0: 0.850 (" in table[0]
     lines = {line.split(" | ")[0]: line for line in table if line.startswith("| ") and "Δ" not in line}
     # bundled, thresholds 0 and 0.5: both scop epochs kept, (+0.05 - 0.03 + 0) / 3, scop 1 below, signalp's
     # probe kept on its own; from 0.8 scop 1 (0.60) gives way to its probe: 0.05 / 3; at 0.95 scop 0 (0.95)

@@ -94,7 +94,7 @@ def test_finetune_keeps_the_probe_below_min_confidence_and_the_epoch_at_it(ckpt,
     assert (gated["best_tuned"], gated["confidence"]) == (tuned["best_tuned"], confidence)  # the same run until then
     line = next(x for x in stdout.splitlines() if x.startswith("kept: probe"))
     assert f"{tuned['best_tuned']} scored {tuned['tuned_over_probe']:+.4f} above it but was ahead in only " \
-           f"{confidence:.0%}" in line
+           f"{confidence:.1%}" in line
     # the probe kept: the checkpoint's encoder, bit for bit, under the probed head
     saved = load_file(str(tmp_path / "gated" / "model.safetensors"))
     for k, v in ckpt[0].model.encoder.state_dict().items():

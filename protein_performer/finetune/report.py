@@ -95,10 +95,10 @@ def format_metrics(result: dict) -> str:
         if "over_probe" in sel and sel["kept"] != "probe":
             choice += f", {sel['over_probe']:+.4f} over the linear probe"
             if "confidence" in sel:
-                choice += f", ahead in {sel['confidence']:.0%} of the validation bootstrap's draws"
+                choice += f", ahead in {sel['confidence']:.1%} of the validation bootstrap's draws"
         elif sel["kept"] == "probe" and "confidence" in sel:
             choice += (f": {sel['best_tuned']} scored {sel['tuned_over_probe']:+.4f} above it but was ahead in only "
-                       f"{sel['confidence']:.0%} of the validation bootstrap's draws, below min_confidence "
+                       f"{sel['confidence']:.1%} of the validation bootstrap's draws, below min_confidence "
                        f"{sel['min_confidence']:g}")
         elif sel["kept"] == "probe":
             choice += ": no epoch beat the linear probe"
