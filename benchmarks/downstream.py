@@ -305,7 +305,7 @@ def headline(task: str, m: dict | None) -> str:
 
 
 def kept(ft: dict | None) -> str:
-    """Which weights finetune kept, and the best epoch's confidence over the probe: 'epoch 3 (0.99)'."""
+    """Which weights finetune kept, and the best epoch's confidence over the probe: 'epoch 3 (0.990)'."""
     if not ft or "selection" not in ft:
         return "–"
     sel = ft["selection"]

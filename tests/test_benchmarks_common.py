@@ -77,3 +77,13 @@ def test_downstream_per_task_values_parse_and_refuse(capsys):
         with pytest.raises(SystemExit) as e:
             downstream.parse_per_task(ap, "--train", [bad])
         assert e.value.code == 2 and f"--train {bad!r}" in capsys.readouterr().err
+
+
+def test_downstream_kept_column_names_the_weights_and_their_confidence():
+    """The top table's `kept (confidence)` cell, from finetune's selection: the epoch or the probe, and the
+    best epoch's bootstrap confidence where one was measured (none: the probe won validation outright)."""
+    from benchmarks import downstream
+    assert downstream.kept({"selection": {"kept": "epoch 6", "confidence": 0.9975}}) == "epoch 6 (0.998)"
+    assert downstream.kept({"selection": {"kept": "probe", "confidence": 0.896}}) == "probe (0.896)"
+    assert downstream.kept({"selection": {"kept": "probe"}}) == "probe"
+    assert downstream.kept(None) == "–" and downstream.kept({"accuracy": 0.9}) == "–"

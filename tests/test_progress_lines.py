@@ -68,7 +68,6 @@ def test_time_trigger_fires_between_step_triggers():
     assert p.eta() == pytest.approx(80 * 10.0)  # 20 steps in 200 s, 80 left
 
 
-
 def test_a_rate_counted_in_device_tensors_is_the_tokens_since_the_last_line():
     """The training callback counts tokens as tensors (no sync per step). The rate of every line, not
     only the first, is the tokens since the previous line over its seconds: 0 tokens/s in the second
@@ -80,6 +79,7 @@ def test_a_rate_counted_in_device_tensors_is_the_tokens_since_the_last_line():
         p.update(1, rated=torch.tensor(tokens))
     assert [re.search(r"\| ([\d,]+) tokens/s", l).group(1) for l in out.getvalue().splitlines()] == ["200", "200", "200"]
     assert p.close().startswith("train: done 6/10 steps | 200 tokens/s")  # 2,400 tokens in 12 s
+
 
 def test_no_total_no_eta_and_a_time_limit_caps_it():
     clock = Clock()
