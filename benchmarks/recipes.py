@@ -35,9 +35,9 @@ RAW = common.DOCS / "results" / "finetune_recipes.jsonl"
 DOC = common.DOCS / "downstream.md"
 MARKERS = ("<!-- recipes: start -->", "<!-- recipes: end -->")
 GATE_MARKERS = ("<!-- gate: start -->", "<!-- gate: end -->")
-#: the gate study: finetune's min_confidence values read off the kept recipe's rows (which record the
-#: confidence of their best fine-tuned candidate over the probe)
-GATE_RECIPE = "stop_on_metric"
+#: the gate study: finetune's min_confidence values read off these recipes' rows (which record the
+#: confidence of their best fine-tuned candidate over the probe): the epoch alone, and the ensemble
+GATE_RECIPES = ("stop_on_metric", "ensemble")
 THRESHOLDS = (0.0, 0.5, 0.8, 0.9, 0.95)
 #: the study's proteins per task (train, valid, test; None: all): downstream.SIZES with scop cut
 SIZES = {**downstream.SIZES, "scop": (2000, 300, None)}
@@ -46,7 +46,7 @@ STUDY_TASKS = ("signalp", "scop", "stability", "ss3")
 #: finetune's settings for every recipe (downstream.py's recipe)
 BASE = {"lr": 3e-4, "head_lr": 3e-3, "dropout": 0.0, "schedule": "linear", "max_tokens": 2048, "patience": 2,
         "head_init": "random", "freeze": "none", "pooling": "mean", "layer_decay": 1.0, "stop_on": "loss",
-        "interpolate": False, "min_confidence": 0.0}  # 0: the best validated candidate; the gate study reads the confidence
+        "interpolate": False, "min_confidence": 0.0, "ensemble": 1.0}  # 0: the best validated candidate; the gate study reads the confidence
 #: recipe -> (what it changes against base, finetune settings; "epochs": the epochs' cap)
 RECIPES = {
     "base": ("downstream.py's recipe: one encoder rate 10x below the head's, mean pooling, 3 epochs", {}),
@@ -62,6 +62,9 @@ RECIPES = {
     "lp_ft_interpolate": ("interpolate, with the head starting as the probe (LP-FT)",
                           {"stop_on": "metric", "patience": 1, "epochs": 6, "interpolate": True,
                            "head_init": "probe"}),
+    "ensemble": ("stop_on_metric, the fine-tuned candidate the mean of the best epoch's and the probe's class "
+                 "probabilities (regression: values), an output-space ensemble", {"stop_on": "metric", "patience": 1,
+                                                                                 "epochs": 6, "ensemble": 0.5}),
 }
 #: the recipes every other is compared with in the table (Δ columns): the study's start and today's default
 AGAINST = ("base", "stop_on_metric")
@@ -158,7 +161,7 @@ def render(rows: dict[tuple, dict]) -> list[str]:
     lines = [f"Test split, {', '.join(f'{t}: {downstream.HEADLINE[downstream.TASKS[t][0]]}' for t in tasks)}; the mean over "
              f"seeds {', '.join(map(str, seeds))} ± half their range. Δ: the recipe's mean change against "
              f"{' and '.join(AGAINST)} over the study's tasks (seed by seed, the tasks both ran). kept: how often "
-             "the validation split chose the probe, or a mix of the probe's and an epoch's weights. probe / "
+             "the validation split chose the probe, or a mix of the probe's and an epoch's (weights or outputs). probe / "
              "composition: the frozen encoder's linear probe (per protein: the mean of the last layer; per residue: "
              f"the residue's state beside its neighbours' mean within {downstream.WINDOW}) and amino-acid composition "
              "(per residue: the residue and its neighbours' frequencies), on the same subsample.", "",
@@ -184,45 +187,51 @@ def render(rows: dict[tuple, dict]) -> list[str]:
     return lines
 
 
-def gate_outcome(rows, task: str, seed: int, threshold: float) -> tuple[float, float, bool] | None:
-    """What the kept recipe's run on ``task`` at ``seed`` would have ended with under min_confidence
+def gate_outcome(rows, task: str, seed: int, threshold: float,
+                 recipe: str = GATE_RECIPES[0]) -> tuple[float, float, bool] | None:
+    """What ``recipe``'s run on ``task`` at ``seed`` would have ended with under min_confidence
     ``threshold``: (its test value, the probe's, the probe kept).  The gate acts after training, so one
-    run at min_confidence 0 gives every threshold: the epoch kept when its confidence is at least the
-    threshold, else the probe, whose test value is the baseline row's (the same fit for per-protein
-    tasks).  None: a row missing."""
-    row, probe = rows.get(("finetune", GATE_RECIPE, task, seed)), test_value(rows, "baseline", "probe", task, seed)
+    run at min_confidence 0 gives every threshold: the fine-tuned candidate kept when its confidence is
+    at least the threshold, else the probe, whose test value is the baseline row's (the same fit for
+    per-protein tasks).  None: a row missing."""
+    row, probe = rows.get(("finetune", recipe, task, seed)), test_value(rows, "baseline", "probe", task, seed)
     if row is None or probe is None:
         return None
     confidence = row["selection"].get("confidence")
     if confidence is None or confidence >= threshold:  # None: the probe was kept on its own
-        return test_value(rows, "finetune", GATE_RECIPE, task, seed), probe, row["selection"]["kept"] == "probe"
+        return test_value(rows, "finetune", recipe, task, seed), probe, row["selection"]["kept"] == "probe"
     return probe, probe, True
 
 
 def render_gate(rows: dict[tuple, dict]) -> list[str]:
-    """The gate study's table: per min_confidence in :data:`THRESHOLDS`, the kept recipe's mean test
-    change against the probe, the runs that ended below it and the runs that kept it, over the study's
-    tasks and, apart, the out-of-sample ones."""
+    """The gate study's table: per recipe of :data:`GATE_RECIPES` run and per min_confidence in
+    :data:`THRESHOLDS`, the mean test change against the probe, the runs that ended below it and the runs
+    that kept it, over the study's tasks and, apart, the out-of-sample ones."""
     seeds = sorted({k[3] for k in rows})
     groups = {"bundled": STUDY_TASKS, "out of sample": downstream.OUT_OF_SAMPLE}
-    runs = {g: [(t, s) for t in tasks for s in seeds if gate_outcome(rows, t, s, 0.0) is not None]
-            for g, tasks in groups.items()}
-    confidence = [f"{t} {s}: {rows['finetune', GATE_RECIPE, t, s]['selection'].get('confidence', float('nan')):.3f}"
-                  for g in groups for t, s in runs[g]]
-    lines = [f"`{GATE_RECIPE}` run once per task and seed at min_confidence 0; each row keeps the best epoch only "
-             "where its confidence over the probe (the share of 1,000 bootstrap draws of the validation proteins it "
-             "wins) reaches the threshold, else the probe. Δ: the test change against the probe, averaged over "
-             "the runs; below: runs whose test value ends under the probe's; probe: runs that keep it. Confidence "
-             "by run: " + ", ".join(confidence) + " (nan: the probe won validation outright).", "",
-             "| min_confidence | " + " | ".join(f"{g}: Δ vs probe | below | probe" for g in groups) + " |",
-             "|---:|" + "---:|" * (3 * len(groups))]
-    for threshold in THRESHOLDS:
-        cells = []
-        for g in groups:
-            got = [gate_outcome(rows, t, s, threshold) for t, s in runs[g]]
-            cells += ([f"{sum(v - p for v, p, _ in got) / len(got):+.3f}", f"{sum(v < p for v, p, _ in got)} of {len(got)}",
-                       f"{sum(k for _, _, k in got)}"] if got else ["–"] * 3)
-        lines.append(f"| {threshold:g} | " + " | ".join(cells) + " |")
+    recipes = [r for r in GATE_RECIPES if any(k[:2] == ("finetune", r) for k in rows)]
+    runs = {(r, g): [(t, s) for t in tasks for s in seeds if gate_outcome(rows, t, s, 0.0, r) is not None]
+            for r in recipes for g, tasks in groups.items()}
+    confidence = ["; ".join(f"`{r}`: " + ", ".join(
+        f"{t} {s}: {rows['finetune', r, t, s]['selection'].get('confidence', float('nan')):.3f}"
+        for g in groups for t, s in runs[r, g]) for r in recipes)]
+    lines = [" and ".join(f"`{r}`" for r in recipes) + " run once per task and seed at min_confidence 0; each "
+             "row keeps the fine-tuned candidate (the best epoch; for `ensemble`, its mix with the probe) only where "
+             "its confidence over the probe (the share of 1,000 bootstrap draws of the validation proteins it wins) "
+             "reaches the threshold, else the probe. Δ: the test change against the probe, averaged over the runs; "
+             "below: runs whose test value ends under the probe's; probe: runs that keep it. Confidence by run: "
+             + confidence[0] + " (nan: the probe won validation outright).", "",
+             "| recipe | min_confidence | " + " | ".join(f"{g}: Δ vs probe | below | probe" for g in groups) + " |",
+             "|---|---:|" + "---:|" * (3 * len(groups))]
+    for recipe in recipes:
+        for threshold in THRESHOLDS:
+            cells = []
+            for g in groups:
+                got = [gate_outcome(rows, t, s, threshold, recipe) for t, s in runs[recipe, g]]
+                cells += ([f"{sum(v - p for v, p, _ in got) / len(got):+.3f}",
+                           f"{sum(v < p for v, p, _ in got)} of {len(got)}", f"{sum(k for _, _, k in got)}"]
+                          if got else ["–"] * 3)
+            lines.append(f"| {recipe} | {threshold:g} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -76,30 +76,40 @@ def test_the_recipe_table_means_spreads_and_changes_by_hand(tmp_path):
 
 
 def test_the_gate_table_by_hand(tmp_path):
-    """min_confidence read off stop_on_metric rows: an epoch is kept at a threshold only when its confidence
-    reaches it, else the probe (the baseline row's test value)."""
+    """min_confidence read off stop_on_metric and ensemble rows: a fine-tuned candidate is kept at a
+    threshold only when its confidence reaches it, else the probe (the baseline row's test value)."""
     raw = tmp_path / "rows.jsonl"
-    runs = [("scop", 0, 0.60, "epoch 2", 0.95, 0.55), ("scop", 1, 0.54, "epoch 3", 0.60, 0.57),
-            ("signalp", 0, 0.88, "probe", None, 0.88), ("family", 0, 0.42, "epoch 2", 0.85, 0.44)]
+    runs = [("stop_on_metric", "scop", 0, 0.60, "epoch 2", 0.95, 0.55),
+            ("stop_on_metric", "scop", 1, 0.54, "epoch 3", 0.60, 0.57),
+            ("stop_on_metric", "signalp", 0, 0.88, "probe", None, 0.88),
+            ("stop_on_metric", "family", 0, 0.42, "epoch 2", 0.85, 0.44),
+            ("ensemble", "scop", 0, 0.62, "ensemble: 0.5 epoch 2 + 0.5 probe", 0.97, 0.55),
+            ("ensemble", "family", 0, 0.47, "ensemble: 0.5 epoch 2 + 0.5 probe", 0.92, 0.44)]
     rows = []
-    for task, seed, acc, kept, confidence, probe in runs:
+    for recipe, task, seed, acc, kept, confidence, probe in runs:
         selection = {"kept": kept, **({"confidence": confidence} if confidence is not None else {})}
-        rows += [{"kind": "finetune", "recipe": "stop_on_metric", "task": task, "seed": seed,
+        rows += [{"kind": "finetune", "recipe": recipe, "task": task, "seed": seed,
                   "test": {"accuracy": acc}, "selection": selection},
                  {"kind": "baseline", "recipe": None, "task": task, "seed": seed,
                   "probe": {"accuracy": probe}, "composition": {"accuracy": 0.3}}]
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = recipes.render_gate(recipes.read_rows(raw))
-    assert "by run: signalp 0: nan, scop 0: 0.950, scop 1: 0.600, family 0: 0.850 (" in table[0]
-    lines = {line.split(" | ")[0]: line for line in table if line.startswith("| ") and "Δ" not in line}
+    assert ("by run: `stop_on_metric`: signalp 0: nan, scop 0: 0.950, scop 1: 0.600, family 0: 0.850; "
+            "`ensemble`: scop 0: 0.970, family 0: 0.920 (") in table[0]
+    lines = {tuple(line.split(" | ")[:2]): line for line in table if line.startswith("| ") and "Δ" not in line}
     # bundled, thresholds 0 and 0.5: both scop epochs kept, (+0.05 - 0.03 + 0) / 3, scop 1 below, signalp's
     # probe kept on its own; from 0.8 scop 1 (0.60) gives way to its probe: 0.05 / 3; at 0.95 scop 0 (0.95)
     # still reaches it. family: its epoch (0.85) kept up to 0.8, -0.02 below the probe; the probe from 0.9.
-    assert lines["| 0"] == "| 0 | +0.007 | 1 of 3 | 1 | -0.020 | 1 of 1 | 0 |"
-    assert lines["| 0.5"] == "| 0.5 | +0.007 | 1 of 3 | 1 | -0.020 | 1 of 1 | 0 |"
-    assert lines["| 0.8"] == "| 0.8 | +0.017 | 0 of 3 | 2 | -0.020 | 1 of 1 | 0 |"
-    assert lines["| 0.9"] == "| 0.9 | +0.017 | 0 of 3 | 2 | +0.000 | 0 of 1 | 1 |"
-    assert lines["| 0.95"] == "| 0.95 | +0.017 | 0 of 3 | 2 | +0.000 | 0 of 1 | 1 |"
+    s = "| stop_on_metric"
+    assert lines[s, "0"] == f"{s} | 0 | +0.007 | 1 of 3 | 1 | -0.020 | 1 of 1 | 0 |"
+    assert lines[s, "0.5"] == f"{s} | 0.5 | +0.007 | 1 of 3 | 1 | -0.020 | 1 of 1 | 0 |"
+    assert lines[s, "0.8"] == f"{s} | 0.8 | +0.017 | 0 of 3 | 2 | -0.020 | 1 of 1 | 0 |"
+    assert lines[s, "0.9"] == f"{s} | 0.9 | +0.017 | 0 of 3 | 2 | +0.000 | 0 of 1 | 1 |"
+    assert lines[s, "0.95"] == f"{s} | 0.95 | +0.017 | 0 of 3 | 2 | +0.000 | 0 of 1 | 1 |"
+    # the ensemble: scop 0 +0.07 kept at every threshold (0.97); family +0.03 kept up to 0.9 (0.92), the probe at 0.95
+    e = "| ensemble"
+    assert lines[e, "0.9"] == f"{e} | 0.9 | +0.070 | 0 of 1 | 0 | +0.030 | 0 of 1 | 0 |"
+    assert lines[e, "0.95"] == f"{e} | 0.95 | +0.070 | 0 of 1 | 0 | +0.000 | 0 of 1 | 1 |"
 
 
 @pytest.mark.parametrize("text", ["", "\n"])

@@ -150,9 +150,12 @@ def test_a_finetune_that_cannot_improve_keeps_the_probe(ckpt, tmp_path, capsys, 
     sel = m["selection"]
     assert sel["by"] == "accuracy" and sel["split"] == "valid" and sel["kept"] == "probe"
     names = [c["name"] for c in sel["candidates"]]
-    assert names[0] == "probe" and names[1:] == [f"epoch {e + 1}" for e in range(len(names) - 1)]
+    epochs = [f"epoch {e + 1}" for e in range(len(names) - 2)]
+    # the default ensemble (0.5 of the best epoch's probabilities and 0.5 of the probe's) is validated last
+    assert names[0] == "probe" and names[1:-1] == epochs and names[-1].startswith("ensemble: 0.5 epoch ")
     assert all(c["accuracy"] <= sel["candidates"][0]["accuracy"] for c in sel["candidates"])
-    assert "kept: probe (valid accuracy" in stdout and "no epoch beat the linear probe" in stdout
+    assert sel["best_tuned"] == names[-1] and sel["confidence"] < 0.9  # the gate keeps the probe
+    assert "kept: probe (valid accuracy" in stdout and "below min_confidence 0.9" in stdout
 
     train = [r for r in rows if r[3] == "train"]
     test = [r for r in rows if r[3] == "test"]
@@ -274,7 +277,7 @@ def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_wei
     rows, labels = rich_or_poor(tmp_path, 200, seed=10)  # a seed where a mix ranks first
     out = tmp_path / "out"
     FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
-                interpolate=True, min_confidence=0, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
+                interpolate=True, min_confidence=0, ensemble=1.0, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
                 progress_seconds=None)
     m = json.loads((out / "metrics.json").read_text())
     cands = m["selection"]["candidates"]

@@ -1,8 +1,8 @@
 """``export`` of a ``finetune`` output: the directory opens with transformers'
 AutoModelForSequenceClassification / AutoModelForTokenClassification (trust_remote_code, offline)
 and with this project's own loader, and both give the fine-tuned network's logits on a padded
-batch (mean and attention pooling, classification and regression, per residue); the loss is the
-usual one; the wrong auto class and a finetune folder with a changed file are refused."""
+batch (mean and attention pooling, classification and regression, per residue; finetune's
+output-space ensemble with its probe too); the loss is the usual one; the wrong auto class and a finetune folder with a changed file are refused."""
 import csv
 import json
 import random
@@ -47,19 +47,21 @@ def write_labels(path, task, n=60):
 
 @pytest.fixture(scope="module")
 def finetuned(ckpt, tmp_path_factory):
-    """(task, pooling, window) -> (finetune folder, its export), a few steps of training each."""
+    """(task, pooling, window, ensemble) -> (finetune folder, its export), a few steps of training each;
+    ensemble: finetune's default mix with its probe, kept whatever the gate would say (min_confidence 0)."""
     from protein_performer.hub.export import export
     made = {}
 
-    def make(task, pooling="mean", window=0):
-        if (task, pooling, window) not in made:
-            d = tmp_path_factory.mktemp(f"{task}-{pooling}-{window}")
+    def make(task, pooling="mean", window=0, ensemble=False):
+        if (task, pooling, window, ensemble) not in made:
+            d = tmp_path_factory.mktemp(f"{task}-{pooling}-{window}-{ensemble}")
             ft, out = d / "ft", d / "export"
             FT.finetune(ckpt, write_labels(d / "labels.csv", task), task, ft, pooling=pooling, lr=1e-2,
-                        head_lr=0.1, window=window, head_init="random", probe_baseline=False,  # trained weights, not the probe
+                        head_lr=0.1, window=window, head_init="random",
+                        probe_baseline=ensemble, min_confidence=0,  # trained weights, not the probe
                         trainer={"max_steps": 3, "enable_progress_bar": False})
-            made[task, pooling, window] = ft, export(ft, out)
-        return made[task, pooling, window]
+            made[task, pooling, window, ensemble] = ft, export(ft, out)
+        return made[task, pooling, window, ensemble]
     return make
 
 
@@ -71,12 +73,15 @@ def batch():
     return seqs, tokens, pad
 
 
-@pytest.mark.parametrize("task,pooling,window", [("classification", "mean", 0), ("classification", "attention", 0),
-                                                 ("regression", "mean", 0), ("residue", "mean", 0),
-                                                 ("residue", "mean", 3)])
-def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling, window):
-    ft, out = finetuned(task, pooling, window)
+@pytest.mark.parametrize("task,pooling,window,ensemble", [
+    ("classification", "mean", 0, False), ("classification", "attention", 0, False), ("regression", "mean", 0, False),
+    ("residue", "mean", 0, False), ("residue", "mean", 3, False),
+    ("classification", "mean", 0, True), ("regression", "mean", 0, True), ("residue", "mean", 3, True)])
+def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling, window,
+                                                                   ensemble):
+    ft, out = finetuned(task, pooling, window, ensemble)
     ref_net, meta = load_finetuned(ft)
+    assert (ref_net.probe is not None) == ensemble and meta["ensemble"] == (0.5 if ensemble else None)
     if window:  # the context weights trained away from their zero start: the export must carry them
         assert ref_net.head.context.weight.abs().max() > 0
     seqs, tokens, pad = batch()
@@ -97,6 +102,7 @@ def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, tr
     torch.testing.assert_close(mine[real], ref[real], atol=1e-6, rtol=0)
     assert own_meta["classes"] == meta["classes"] and own_meta["target_scale"] == meta["target_scale"]
     config = json.loads((out / "config.json").read_text())
+    assert config["ensemble_share"] == meta["ensemble"]
     if task == "regression":
         assert config["num_labels"] == 1 and config["problem_type"] == "regression"
         y = torch.linspace(0, 6, len(seqs))

@@ -70,6 +70,9 @@ class FineTuner(pl.LightningModule):
         self.best_name, self.best_key, self.stage, self.candidates = None, None, "start", []
         self.stage_epoch = 0  # the epoch a candidate validated outside fit comes from (0: the start)
         self.probe_val = self.best_val = None  # Validated: the probe's outputs, the best candidate's
+        # the best fine-tuned candidate's weights and name even where the probe ranks above it (the ensemble's member)
+        self.best_tuned = self.best_tuned_name = self.best_tuned_key = self.best_tuned_epoch = None
+        self.keep_next = False  # the next candidate is kept whatever its rank (the ensemble: a fixed rule)
         self._seen = 0  # validation proteins so far in this pass (each row's protein index)
 
     def loss_of(self, out, y) -> tuple[torch.Tensor, int]:
@@ -115,10 +118,14 @@ class FineTuner(pl.LightningModule):
         if name == "probe":
             self.probe_val = outputs
         key = (-loss,) if metric is None else (-math.inf if math.isnan(metric) else metric, -loss)
-        if self.best_key is None or key > self.best_key:
+        weights, epoch = None, self.trainer.current_epoch + 1 if fitting else self.stage_epoch
+        if name != "probe" and (self.best_tuned_key is None or key > self.best_tuned_key):
+            weights = snapshot(self.net)
+            self.best_tuned, self.best_tuned_name, self.best_tuned_key, self.best_tuned_epoch = weights, name, key, epoch
+        if self.keep_next or self.best_key is None or key > self.best_key:
             self.best_key, self.best_loss, self.best_name, self.best_val = key, loss, name, outputs
-            self.best = snapshot(self.net)
-            self.best_epoch = self.trainer.current_epoch + 1 if fitting else self.stage_epoch
+            self.best = snapshot(self.net) if weights is None else weights
+            self.best_epoch, self.keep_next = epoch, False
 
     def confidence_over_probe(self, seed: int) -> float | None:
         """:func:`~.confidence.bootstrap_confidence` of the best candidate over the probe; None when there

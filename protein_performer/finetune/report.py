@@ -97,9 +97,10 @@ def format_metrics(result: dict) -> str:
             if "confidence" in sel:
                 choice += f", ahead in {sel['confidence']:.1%} of the validation bootstrap's draws"
         elif sel["kept"] == "probe" and "confidence" in sel:
-            choice += (f": {sel['best_tuned']} scored {sel['tuned_over_probe']:+.4f} above it but was ahead in only "
-                       f"{sel['confidence']:.1%} of the validation bootstrap's draws, below min_confidence "
-                       f"{sel['min_confidence']:g}")
+            margin = sel["tuned_over_probe"]
+            choice += (f": {sel['best_tuned']} scored {margin:+.4f} {'above' if margin > 0 else 'against'} it "
+                       f"{'but' if margin > 0 else 'and'} was ahead in only {sel['confidence']:.1%} of the validation "
+                       f"bootstrap's draws, below min_confidence {sel['min_confidence']:g}")
         elif sel["kept"] == "probe":
             choice += ": no epoch beat the linear probe"
         choice += ")"

@@ -2,6 +2,7 @@
 Lightning Trainer run under the output's lock, the kept weights tested and written."""
 from __future__ import annotations
 
+import copy
 import logging
 import tempfile
 import time
@@ -37,6 +38,10 @@ SHARES = (0.25, 0.5, 0.75)
 #: of the validation proteins (docs/downstream.md, the gate study)
 MIN_CONFIDENCE = 0.9
 
+#: the best epoch's share of the output ensemble with the probe (their probabilities, or values, averaged);
+#: 1: the epoch alone (docs/downstream.md, the ensemble study)
+ENSEMBLE = 0.5
+
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
 #: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
 RESIDUE_WINDOW = 7
@@ -51,7 +56,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
-             interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE) -> dict:
+             interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
@@ -65,6 +70,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     (WiSE-FT), so fine-tuning never ends below its own probe on validation; the best fine-tuned one
     is kept over the probe only when it wins in ``min_confidence`` of the bootstrap draws of the
     validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
+    ``ensemble`` < 1: the fine-tuned candidate is that share of the best epoch's outputs and the rest of the
+    probe's (:func:`_ensemble`; the saved model holds both encoders), weighed by the gate against the probe.
     ``layer_decay``: each encoder block below the last at this times the rate above.
     ``stop_on``: early stopping (``patience``) on the validation ``metric`` that ``select_by`` names, or
     the ``loss``.  ``schedule``: ``constant``, or ``linear`` (:func:`~.schedule.warmup_linear`: up over
@@ -76,7 +83,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                                 head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on,
-                                interpolate, probe_baseline, min_confidence)
+                                interpolate, probe_baseline, min_confidence, ensemble)
     window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
@@ -99,7 +106,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
         with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}", remove=True):
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             probe, seconds, gate = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale, probe_baseline
-                                          or head_init == "probe", head_init, interpolate, min_confidence)
+                                          or head_init == "probe", head_init, interpolate, min_confidence,
+                                          float(ensemble))
             if lora:
                 module.net.merge_lora()
             net = module.net.cpu().eval()
@@ -112,21 +120,29 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           best_val_loss=module.best_loss if module.best is not None else None,
                           head_init=head_init, probe=probe, best_epoch=module.best_epoch,
                           selection=selection_summary(module.candidates, module.best_name, select_by, gate))
-            meta = {"task": task, "classes": classes, "num_outputs": net.head.out.out_features,
-                    "pooling": pooling, "dropout": dropout, "freeze": freeze, "target_scale": list(scale),
-                    "head_init": head_init, "window": window, "schedule": schedule, "warmup": float(warmup),
-                    "select_by": select_by, "layer_decay": float(layer_decay), "stop_on": stop_on,
-                    "interpolate": interpolate, "min_confidence": float(min_confidence),
-                    "lora": dict(zip(("rank", "alpha", "dropout"), adapters)) if lora else None,
-                    "model": net.encoder.config.to_dict(), "source": str(ckpt)}
+            meta = _meta(net, ckpt, task, classes, scale, window, adapters, pooling=pooling, dropout=dropout,
+                         freeze=freeze, head_init=head_init, schedule=schedule, warmup=float(warmup),
+                         select_by=select_by, layer_decay=float(layer_decay), stop_on=stop_on,
+                         interpolate=interpolate, min_confidence=float(min_confidence))
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
                            predictions, scores)
     return result
 
 
+def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, adapters, **settings) -> dict:
+    """finetune.json: what load_finetuned needs to rebuild the kept network (task, classes, outputs, pooling,
+    window, dropout, the encoder's config, the ensemble's share: None where the network stands alone) and
+    the settings it was trained with."""
+    return {"task": task, "classes": classes, "num_outputs": net.head.out.out_features, **settings,
+            "target_scale": list(scale), "window": window,
+            "ensemble": net.share if net.probe is not None else None,
+            "lora": dict(zip(("rank", "alpha", "dropout"), adapters)) if adapters else None,
+            "model": net.encoder.config.to_dict(), "source": str(ckpt)}
+
+
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
-                    probe_baseline, min_confidence) -> str:
+                    probe_baseline, min_confidence, ensemble=1.0) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -158,6 +174,9 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence <= 1:
         raise UserError(f"min_confidence={min_confidence!r}: a share of the bootstrap draws in [0, 1] (0: keep the "
                         f"higher validation score)")
+    if isinstance(ensemble, bool) or not isinstance(ensemble, (int, float)) or not 0 < ensemble <= 1:
+        raise UserError(f"ensemble={ensemble!r}: the best epoch's share of the output mix with the probe, in (0, 1] "
+                        f"(1: the epoch alone)")
     return select_by
 
 
@@ -251,10 +270,11 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
 
 def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
            scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False,
-           min_confidence: float = 0.0) -> tuple[dict | None, float, dict]:
+           min_confidence: float = 0.0, ensemble: float = 1.0) -> tuple[dict | None, float, dict]:
     """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
     unless head_init=probe, the epochs trained, with ``shares`` their best interpolated with the probe
-    (:data:`SHARES`) and validated, the probe kept unless the best beats it in ``min_confidence`` of
+    (:data:`SHARES`) and validated, with ``ensemble`` < 1 the best fine-tuned one mixed with the probe
+    in output space (:func:`_ensemble`), the probe kept unless the best beats it in ``min_confidence`` of
     the bootstrap draws, and the kept candidate's weights put back; returns what the probe fitted
     (None: no probe), the seconds it all took, and the gate's figures (for selection_summary)."""
     net = module.net
@@ -268,7 +288,7 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
         module.stage = "probe"
         fit.validate(module, valid, verbose=False)
         # the mixes' start and the gate's fallback: copied only when they are used
-        probed = snapshot(net) if shares or min_confidence > 0 else None
+        probed = snapshot(net) if shares or min_confidence > 0 or ensemble < 1 else None
     if head_init == "random":
         net.head.load_state_dict(random_head)
     net.train()  # the loaded encoder is in eval mode: its dropout on while it trains (frozen parts stay off)
@@ -279,13 +299,33 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
             net.load_state_dict(interpolate(probed, tuned, share), strict=False)
             module.stage = f"{share:g} {name} + {1 - share:g} probe"
             fit.validate(module, valid, verbose=False)
+    if ensemble < 1 and probed is not None and module.best_tuned is not None:
+        _ensemble(fit, module, valid, probed, ensemble)
     gate = {"min_confidence": float(min_confidence)}
     confidence = module.confidence_over_probe(seed)
     if confidence is not None:
         gate.update(best_tuned=module.best_name, confidence=confidence)
         if confidence < min_confidence:
             module.keep_probe(probed)
+    if module.best_name == "probe":
+        net.detach_probe()  # the probe's own weights are the kept network's
     seconds = time.perf_counter() - start
     if module.best is not None:
         net.load_state_dict(module.best, strict=False)
     return fitted, seconds, gate
+
+
+def _ensemble(fit: pl.Trainer, module: FineTuner, valid, probed: dict, share: float) -> None:
+    """The output-space ensemble validated and made the fine-tuned candidate, whatever its rank (a fixed
+    rule, not a choice on the validation split: docs/downstream.md): ``share`` of the best fine-tuned
+    candidate's outputs and the rest of a frozen copy of the network with the probe's weights."""
+    net = module.net
+    member = copy.deepcopy(net)  # the checkpoint's encoder and the probe's head, frozen
+    member.load_state_dict(probed, strict=False)
+    net.load_state_dict(module.best_tuned, strict=False)
+    net.attach_probe(member, share)
+    name = module.best_tuned_name
+    module.stage, module.stage_epoch = f"ensemble: {share:g} {name} + {1 - share:g} probe", module.best_tuned_epoch
+    module.keep_next = True
+    fit.validate(module, valid, verbose=False)
+

@@ -262,6 +262,7 @@ def finetuned_config(net: FineTuneNet, meta: dict) -> dict:
         "target_scale": meta["target_scale"], "num_labels": len(labels),
         "id2label": {str(i): c for i, c in enumerate(labels)}, "label2id": {c: i for i, c in enumerate(labels)},
         "problem_type": "regression" if meta["task"] == "regression" else "single_label_classification",
+        "ensemble_share": net.share if net.probe is not None else None,
         "finetune": {k: meta.get(k) for k in ("freeze", "lora", "source")},
     })
     return json.loads(json.dumps(config))

@@ -239,7 +239,8 @@ def load_model(model: Any, device: str = "cpu") -> LoadedModel:
 def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
     """A finetune output folder (finetune.json) or its export (config.json with a task head) ->
     (the fine-tuned network in eval mode, its settings: task, classes, num_outputs, pooling,
-    dropout, target_scale, model). A missing or inconsistent file is one line naming it."""
+    dropout, target_scale, model, ensemble: the fine-tuned share of an output mix with the probe, or
+    None). A missing or inconsistent file is one line naming it."""
     d = Path(path)
     if (d / FINETUNE_CONFIG).is_file():
         where = d / FINETUNE_CONFIG
@@ -256,13 +257,19 @@ def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
                 "num_outputs": config.get("num_labels"), "pooling": config.get("pooling", "mean"),
                 "window": config.get("head_window", 0),
                 "dropout": config.get("classifier_dropout", 0.0), "target_scale": config.get("target_scale"),
+                "ensemble": config.get("ensemble_share"),
                 "model": {k: v for k, v in config.items() if k in MODEL_KEYS or k == "config_version"}}
     else:
         raise UserError(f"{d}: neither a finetune output ({FINETUNE_CONFIG}) nor an exported model ({CONFIG})")
     try:
-        encoder = PerformerEncoder(ModelConfig.from_dict(migrate(meta["model"], str(where))))
-        net = FineTuneNet(encoder, meta["task"], int(meta["num_outputs"]), meta["pooling"], float(meta["dropout"]),
-                          int(meta.get("window") or 0))
+        config = ModelConfig.from_dict(migrate(meta["model"], str(where)))
+        build = lambda: FineTuneNet(PerformerEncoder(config), meta["task"], int(meta["num_outputs"]),  # noqa: E731
+                                    meta["pooling"], float(meta["dropout"]), int(meta.get("window") or 0))
+        net = build()
+        if meta.get("ensemble") is not None:  # finetune's output-space ensemble: the probe's network beside it
+            net.attach_probe(build(), float(meta["ensemble"]))
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from e
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{where}: bad fine-tuned model settings ({one_line(e)})") from e
     load_weights(net, d / WEIGHTS)

@@ -6,6 +6,7 @@ protein, a label per residue) are what fine-tuning adds on top of a pretrained e
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -106,13 +107,25 @@ class AttentionPoolingHead(nn.Module):
 # --- an encoder with a task head (what finetune trains and export writes) ------------------
 #: the projections LoRA adapts: attention's q/k/v and output, the feed-forward's two layers
 LORA_TARGETS = ("to_qkv", "to_out", "fc1", "fc2")
+
+
+def mix_outputs(tuned: torch.Tensor, probe: torch.Tensor, share: float, task: str) -> torch.Tensor:
+    """An output-space ensemble (WiSE-FT's output mix, Wortsman et al. 2022): ``share`` of the fine-tuned
+    network's and the rest of the probe's. Classes: the log of the mixed probabilities (logits whose
+    softmax is the mix; formed by logaddexp of log-softmaxes, so nothing overflows), in float32;
+    regression: the mixed values (both heads predict standardized values)."""
+    if task == "regression":
+        return share * tuned.float() + (1 - share) * probe.float()
+    return torch.logaddexp(F.log_softmax(tuned.float(), -1) + math.log(share),
+                           F.log_softmax(probe.float(), -1) + math.log1p(-share))
 TASK_HEADS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead}
 
 
 class FineTuneNet(nn.Module):
     """An encoder and a task head: (B, L) tokens -> (B, outputs), or (B, L, outputs) per residue
     (``task="residue"``). Its state_dict keys are ``encoder.*`` and ``head.*``, as the fine-tuned
-    model.safetensors and the transformers code of an exported head have them."""
+    model.safetensors and the transformers code of an exported head have them; with a probe attached
+    (:meth:`attach_probe`, finetune's default ensemble) also ``probe.encoder.*`` and ``probe.head.*``."""
 
     def __init__(self, encoder: nn.Module, task: str, num_outputs: int, pooling: str = "mean",
                  dropout: float = 0.1, window: int = 0):
@@ -128,6 +141,8 @@ class FineTuneNet(nn.Module):
         self.head = (TokenClassificationHead(dim, num_outputs, dropout, window) if task == "residue"
                      else TASK_HEADS[pooling](dim, num_outputs, dropout))
         self.frozen: list[nn.Module] = []
+        self.probe: FineTuneNet | None = None  # attach_probe: the frozen encoder and the probe's head
+        self.share = 1.0  # this network's share of the output mix with the probe
         # the encoder's vocabulary (a model converted from ESM reads ESM's ids)
         self.tokenizer = Tokenizer(vocabulary=getattr(encoder.config, "vocabulary", "protein-performer"))
         for m in encoder.modules():  # the projections it was trained with: the head learns on those
@@ -135,7 +150,25 @@ class FineTuneNet(nn.Module):
                 m.redraw_interval = 0
 
     def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.head(self.encoder(tokens, padding_mask), residue_mask(tokens, self.tokenizer))
+        out = self.head(self.encoder(tokens, padding_mask), residue_mask(tokens, self.tokenizer))
+        if self.probe is None:
+            return out
+        return mix_outputs(out, self.probe(tokens, padding_mask), self.share, self.task)
+
+    def attach_probe(self, probe: FineTuneNet, share: float) -> None:
+        """Predict with an output-space ensemble: ``share`` of this network's outputs and the rest of
+        ``probe``'s (:func:`mix_outputs`; ``probe``: the checkpoint's encoder, frozen, and the linear
+        probe as its head). Its weights are frozen and saved with this network's."""
+        if not 0 < share < 1:
+            raise UserError(f"ensemble={share!r}: the fine-tuned network's share of the mix, in (0, 1)")
+        if probe.task != self.task or probe.probe is not None:
+            raise ValueError("attach_probe: a plain network of the same task")
+        probe.requires_grad_(False)
+        self.probe, self.share = probe.eval(), float(share)
+
+    def detach_probe(self) -> None:
+        """Predict with this network alone again."""
+        self.probe, self.share = None, 1.0
 
     def freeze(self, how) -> None:
         """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no
@@ -155,7 +188,7 @@ class FineTuneNet(nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        for m in self.frozen:
+        for m in [*self.frozen, *([self.probe] if self.probe is not None else [])]:
             m.eval()
         return self
 
@@ -191,3 +224,5 @@ class FineTuneNet(nn.Module):
             m.merge()
             parent, _, child = name.rpartition(".")
             setattr(self.encoder.get_submodule(parent) if parent else self.encoder, child, m.get_base_layer())
+        if self.probe is not None:  # a copy of the network before training: its adapters are still zero
+            self.probe.merge_lora()

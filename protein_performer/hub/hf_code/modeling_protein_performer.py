@@ -30,6 +30,8 @@ Logits match protein-performer's to float32 round-off (the export's tests check 
 There is no KV cache and no ``generate()``: sample with protein-performer's RNN-mode
 ``scripts/generate.py``.
 """
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -443,11 +445,24 @@ class TokenHead(nn.Module):
         return y
 
 
+def mix_outputs(tuned, probe, share, task):
+    """finetune's output-space ensemble: ``share`` of the fine-tuned network's outputs and the rest of the
+    probe's; classes: the log of the mixed probabilities. A standalone copy of
+    protein_performer.model.heads.mix_outputs (tests/test_finetune_ensemble.py compares the two)."""
+    if task == "regression":
+        return share * tuned.float() + (1 - share) * probe.float()
+    return torch.logaddexp(F.log_softmax(tuned.float(), -1) + math.log(share),
+                           F.log_softmax(probe.float(), -1) + math.log1p(-share))
+
+
 class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
     """The backbone and a fine-tuned task head (an export of ``protein-performer finetune``). The
     parameter names are those of protein-performer's fine-tuned network, ``encoder.*`` and
     ``head.*``, hence the prefix. Regression logits are in standardized units: the prediction is
-    ``logits * target_scale[1] + target_scale[0]``, as protein-performer's ``predictions.csv``."""
+    ``logits * target_scale[1] + target_scale[0]``, as protein-performer's ``predictions.csv``.
+    With ``config.ensemble_share`` set (finetune's default ensemble), ``probe.encoder.*`` and
+    ``probe.head.*`` hold the frozen checkpoint and its linear probe, and the logits are the log of
+    the mixed probabilities (regression: the mixed standardized values)."""
 
     base_model_prefix = "encoder"
     per_residue = None  # set by the subclasses
@@ -462,12 +477,30 @@ class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
             other = "AutoModelForTokenClassification" if task == "residue" else "AutoModelForSequenceClassification"
             raise ValueError(f"this is a {task} head: open it with {other}")
         self.num_labels = config.num_labels
-        self.encoder = ProteinPerformerModel(config)
-        dropout = getattr(config, "classifier_dropout", None) or 0.0
-        self.head = (TokenHead(config.dim, config.num_labels, dropout, getattr(config, "head_window", 0) or 0)
-                     if self.per_residue else
-                     PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout))
+        self.encoder, self.head = self._backbone_and_head(config)
+        self.share = getattr(config, "ensemble_share", None)
+        self.probe = None
+        if self.share is not None:
+            self.probe = nn.Module()
+            self.probe.encoder, self.probe.head = self._backbone_and_head(config)
         self.post_init()
+
+    def _backbone_and_head(self, config):
+        dropout = getattr(config, "classifier_dropout", None) or 0.0
+        return ProteinPerformerModel(config), (
+            TokenHead(config.dim, config.num_labels, dropout, getattr(config, "head_window", 0) or 0)
+            if self.per_residue else
+            PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout))
+
+    def _logits(self, input_ids, attention_mask, output_hidden_states):
+        """The head's logits (mixed with the probe's where the export is an ensemble) and the encoder's output."""
+        residues = self._residues(input_ids)
+        out = self._hidden(input_ids, attention_mask, output_hidden_states)
+        logits = self.head(out.last_hidden_state, residues)
+        if self.probe is not None:
+            h = self.probe.encoder(input_ids, attention_mask, return_dict=True).last_hidden_state
+            logits = mix_outputs(logits, self.probe.head(h, residues), self.share, self.config.finetune_task)
+        return logits, out
 
     def _residues(self, input_ids):
         """True at residues: every token but padding, <cls> and <eos>. A standalone copy (this file
@@ -496,8 +529,7 @@ class ProteinPerformerForSequenceClassification(ProteinPerformerTaskModel):
 
     def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
                 **kwargs):
-        out = self._hidden(input_ids, attention_mask, output_hidden_states)
-        logits = self.head(out.last_hidden_state, self._residues(input_ids))
+        logits, out = self._logits(input_ids, attention_mask, output_hidden_states)
         result = SequenceClassifierOutput(loss=self._loss(logits, labels), logits=logits,
                                           hidden_states=out.hidden_states)
         return result if return_dict is not False else result.to_tuple()
@@ -511,8 +543,7 @@ class ProteinPerformerForTokenClassification(ProteinPerformerTaskModel):
 
     def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, return_dict=None,
                 **kwargs):
-        out = self._hidden(input_ids, attention_mask, output_hidden_states)
-        logits = self.head(out.last_hidden_state, self._residues(input_ids))
+        logits, out = self._logits(input_ids, attention_mask, output_hidden_states)
         result = TokenClassifierOutput(loss=self._loss(logits, labels), logits=logits,
                                        hidden_states=out.hidden_states)
         return result if return_dict is not False else result.to_tuple()
