@@ -254,6 +254,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
         settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": args.dropout, "schedule": args.schedule,
                     "max_tokens": args.max_tokens,
                     "patience": PATIENCE, "stop_on": STOP_ON, "seed": args.seed, "head_init": args.head_init, "freeze": args.freeze,
+                    "ensemble": FT.ENSEMBLE if args.ensemble is None else args.ensemble,
                     **({"window": FT.RESIDUE_WINDOW if args.window is None else args.window}
                        if task == "residue" else {}), **extra}
         r = FT.finetune(ckpt, labels, task, work / f"{name}-{key}", overwrite=True,
@@ -371,8 +372,12 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                   + f", dropout {s['dropout']}, max_tokens "
                   f"{s['max_tokens']}, at most {meta['epochs']} epochs{epochs_note(meta, tasks)}, early stopping on the validation "
                   f"{'loss' if s.get('stop_on', 'loss') == 'loss' else 'metric'} (patience {s['patience']}; the weights "
-                  "kept: the best epoch by the validation metric, in place of the linear probe only when it beats the "
-                  f"probe in {s.get('min_confidence', FT.MIN_CONFIDENCE):g} of 1,000 bootstrap draws of the validation "
+                  "kept: the best epoch by the validation metric"
+                  + (f", its class probabilities (values) mixed {s['ensemble']:g} : {1 - s['ensemble']:g} with the "
+                     "linear probe's (`ensemble`, an output-space ensemble; the saved model holds both encoders)"
+                     if s.get("ensemble", 1) < 1 else "")
+                  + f", in place of the linear probe only when it beats the probe in "
+                  f"{s.get('min_confidence', FT.MIN_CONFIDENCE):g} of 1,000 bootstrap draws of the validation "
                   "proteins, its confidence; else the probe: finetune's default gate)"
                   + (f"; the per-residue head also sees {window} residues on either side (`window={window}`)"
                      if window else "") + ". The same for one task by hand:", "", "```bash",
@@ -470,6 +475,8 @@ def main() -> None:
     ap.add_argument("--schedule", default="linear", choices=["constant", "linear"], help="finetune's schedule")
     ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
     ap.add_argument("--freeze", default="none", help="finetune's freeze: none | all | N (the embedding and the first N blocks)")
+    ap.add_argument("--ensemble", type=float, default=None,
+                    help="finetune's ensemble: the best epoch's share of the output mix with the probe (default: finetune's)")
     ap.add_argument("--window", type=int, default=None, help="finetune's window (residues either side) for ss3 "
                                                              "(default: finetune's, RESIDUE_WINDOW)")
     ap.add_argument("--lora", action="store_true", help="also fine-tune with LoRA adapters")

@@ -103,6 +103,7 @@ def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, tr
     assert own_meta["classes"] == meta["classes"] and own_meta["target_scale"] == meta["target_scale"]
     config = json.loads((out / "config.json").read_text())
     assert config["ensemble_share"] == meta["ensemble"]
+    assert ("An output-space ensemble: the logits are the log of 0.5" in (out / "README.md").read_text()) == ensemble
     if task == "regression":
         assert config["num_labels"] == 1 and config["problem_type"] == "regression"
         y = torch.linspace(0, 6, len(seqs))

@@ -149,6 +149,26 @@ def test_finetune_with_lora_changes_only_adapted_weights_by_rank_r(task, tmp_pat
     assert json.loads((out / "metrics.json").read_text())["n"] == 24
 
 
+def test_lora_under_the_default_ensemble_saves_merged_weights_beside_the_untouched_probe(task, tmp_path, capsys):
+    """finetune's default ensemble with LoRA: the probe's member is the checkpoint's encoder bit for bit,
+    both members are saved merged (no adapter tensors), and the folder loads."""
+    ckpt = save_checkpoint(task, tmp_path / "mlm.ckpt")
+    out = tmp_path / "out"
+    code, _, err = run_command("finetune", capsys, f"ckpt={ckpt}", f"labels={write_labels(tmp_path / 'labels.csv')}",
+                               "task=classification", f"output_dir={out}", "lora=true", "lora_rank=2", "lr=1e-2",
+                               "head_lr=1e-2", "trainer.max_steps=15", "max_tokens=800", "patience=20",
+                               "min_confidence=0")  # the ensemble kept whatever the gate would say
+    assert code == 0, err
+    assert json.loads((out / "finetune.json").read_text())["ensemble"] == 0.5
+    saved = load_file(str(out / "model.safetensors"))
+    assert not any("lora_" in k for k in saved)
+    start = FT._state(task.model.encoder)
+    assert all(torch.equal(saved[f"probe.encoder.{name}"], w0) for name, w0 in start.items())
+    assert any(not torch.equal(saved[f"encoder.{name}"], w0) for name, w0 in start.items())
+    net, _ = load_finetuned(out)
+    assert net.probe is not None and not any("lora_" in k for k in FT._state(net))
+
+
 def test_lora_with_freeze_is_one_line_exit_2(task, tmp_path, capsys):
     ckpt = save_checkpoint(task, tmp_path / "mlm.ckpt")
     labels = write_labels(tmp_path / "labels.csv")

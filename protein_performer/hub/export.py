@@ -282,7 +282,11 @@ def finetuned_card(config: dict, metrics: dict | None) -> str:
              f"`{arch}`: {what}, over a protein-performer encoder ({config['attention']['kernel']} attention, dim "
              f"{config['dim']}, depth {config['depth']}) fine-tuned by `protein-performer finetune` "
              f"(freeze {config['finetune']['freeze']}" + (", LoRA merged into the weights" if config["finetune"]["lora"]
-                                                           else "") + ").", "",
+                                                           else "") + ")."
+             + (f" An output-space ensemble: the logits are the log of {config['ensemble_share']:g} of the fine-tuned "
+                f"network's probabilities (regression: values) and {1 - config['ensemble_share']:g} of a linear probe's "
+                "on the frozen pretrained encoder, which the weights hold too (`probe.*`): two encoder passes per "
+                "batch." if config.get("ensemble_share") else ""), "",
              "Labels: " + ", ".join(f"{i} = `{c}`" for i, c in config["id2label"].items()) + ".", "", "## Test split", ""]
     lines += ([f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in shown.items()]
               or ["Not recorded (no metrics.json in the finetune output)."])
