@@ -156,6 +156,8 @@ def test_a_finetune_that_cannot_improve_keeps_the_probe(ckpt, tmp_path, capsys, 
     assert all(c["accuracy"] <= sel["candidates"][0]["accuracy"] for c in sel["candidates"])
     assert sel["best_tuned"] == names[-1] and sel["confidence"] < 0.9  # the gate keeps the probe
     assert "kept: probe (valid accuracy" in stdout and "below min_confidence 0.9" in stdout
+    # the probe kept: the network stands alone again (one encoder saved, no ensemble recorded)
+    assert json.loads((out / "finetune.json").read_text())["ensemble"] is None
 
     train = [r for r in rows if r[3] == "train"]
     test = [r for r in rows if r[3] == "test"]
