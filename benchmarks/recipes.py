@@ -65,7 +65,12 @@ RECIPES = {
     "ensemble": ("stop_on_metric, the fine-tuned candidate the mean of the best epoch's and the probe's class "
                  "probabilities (regression: values), an output-space ensemble", {"stop_on": "metric", "patience": 1,
                                                                                  "epochs": 6, "ensemble": 0.5}),
+    "layers_pooling": ("ensemble, the head (and so the probe) reading every layer's mean side by side (pooling=layers; "
+                       "not for per-residue ss3)", {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5,
+                                                    "pooling": "layers"}),
 }
+#: recipes that change the pooling: none for a class per residue
+POOLING_RECIPES = ("attention_pooling", "layers_pooling")
 #: the recipes every other is compared with in the table (Δ columns): the study's start and today's default
 AGAINST = ("base", "stop_on_metric")
 
@@ -248,7 +253,7 @@ def study(a) -> None:
     out-of-sample tasks under that recipe; then the table."""
     import subprocess
     parts = [(seed, recipe, task) for seed in (0, 1) for recipe in (None, *RECIPES) for task in STUDY_TASKS
-             if not (recipe == "attention_pooling" and downstream.TASKS[task][0] == "residue")]
+             if not (recipe in POOLING_RECIPES and downstream.TASKS[task][0] == "residue")]
     if a.final:  # the recipe kept, on the tasks nobody chose a setting on
         parts += [(seed, recipe, task) for seed in (0, 1) for recipe in (None, a.final)
                   for task in downstream.OUT_OF_SAMPLE]

@@ -36,12 +36,18 @@ def proteins(n, seed=0):
     return ["".join(rng.choice(AA) for _ in range(rng.randint(15, 45))) for _ in range(n)]
 
 
-def reference_features(encoder, seqs, per_residue=False, window=0):
+def reference_features(encoder, seqs, per_residue=False, window=0, layers=False):
     """The encoder's output for each protein alone: mean over its residues, or each residue's (with
-    ``window`` w, beside the sum of its residues' outputs within w of it over 2w + 1, by a loop)."""
+    ``window`` w, beside the sum of its residues' outputs within w of it over 2w + 1, by a loop);
+    ``layers``: the mean of every hidden state (embedding, each block, final norm), side by side."""
     rows = []
     with torch.no_grad():
         for s in seqs:
+            if layers:
+                _, hs = encoder(torch.tensor([TOK.encode(s)]), return_layers=True)
+                assert len(hs) == encoder.depth + 1
+                rows.append(np.concatenate([h[0, 1:1 + len(s)].double().numpy().mean(0) for h in hs])[None])
+                continue
             h = encoder(torch.tensor([TOK.encode(s)]))[0, 1:1 + len(s)].double().numpy()
             if per_residue and window:
                 around = [h[max(0, i - window):i + window + 1].sum(0) / (2 * window + 1) for i in range(len(s))]
@@ -60,7 +66,7 @@ def make_net(ckpt, task, n_out, pooling="mean", window=0):
     return FineTuneNet(copy.deepcopy(ckpt[0].model.encoder), task, n_out, pooling, dropout=0.0, window=window).eval()
 
 
-@pytest.mark.parametrize("n_classes,pooling", [(2, "mean"), (3, "mean"), (3, "attention")])
+@pytest.mark.parametrize("n_classes,pooling", [(2, "mean"), (3, "mean"), (3, "attention"), (3, "layers")])
 def test_probed_head_gives_the_probes_probabilities(ckpt, n_classes, pooling):
     seqs = proteins(90)
     # labels that the features can partly tell: by the share of K and D
@@ -71,7 +77,8 @@ def test_probed_head_gives_the_probes_probabilities(ckpt, n_classes, pooling):
     data = FT.Encoded([np.array(TOK.encode(s)) for s in seqs], [int(v) for v in y])
     fitted = FT.probe_head_init(net, data, max_tokens=400, scale=(0.0, 1.0), seed=0)
 
-    X = reference_features(net.encoder, seqs)
+    X = reference_features(net.encoder, seqs, layers=pooling == "layers")
+    assert X.shape[1] == net.encoder.config.dim * (net.encoder.depth + 1 if pooling == "layers" else 1)
     pipe = make_probe("classification", folds=3, seed=0).fit(X, y)
     assert fitted["C"] == pytest.approx(float(np.atleast_1d(pipe[-1].C_)[0]))
     probs = torch.stack([torch.softmax(o, -1) for o in net_outputs(net.eval(), seqs)]).numpy()

@@ -1,7 +1,7 @@
 """``export`` of a ``finetune`` output: the directory opens with transformers'
 AutoModelForSequenceClassification / AutoModelForTokenClassification (trust_remote_code, offline)
 and with this project's own loader, and both give the fine-tuned network's logits on a padded
-batch (mean and attention pooling, classification and regression, per residue; finetune's
+batch (mean, attention and layers pooling, classification and regression, per residue; finetune's
 output-space ensemble with its probe too); the loss is the usual one; the wrong auto class and a finetune folder with a changed file are refused."""
 import csv
 import json
@@ -76,7 +76,8 @@ def batch():
 @pytest.mark.parametrize("task,pooling,window,ensemble", [
     ("classification", "mean", 0, False), ("classification", "attention", 0, False), ("regression", "mean", 0, False),
     ("residue", "mean", 0, False), ("residue", "mean", 3, False),
-    ("classification", "mean", 0, True), ("regression", "mean", 0, True), ("residue", "mean", 3, True)])
+    ("classification", "mean", 0, True), ("regression", "mean", 0, True), ("residue", "mean", 3, True),
+    ("classification", "layers", 0, True)])
 def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling, window,
                                                                    ensemble):
     ft, out = finetuned(task, pooling, window, ensemble)
@@ -94,6 +95,9 @@ def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, tr
     with torch.no_grad():
         ref = ref_net(tokens, pad)
         got = model(**enc).logits
+        if pooling == "layers":  # the head reads every hidden state; the output holds them only when asked
+            assert model(**enc).hidden_states is None
+            assert len(model(**enc, output_hidden_states=True).hidden_states) == ref_net.encoder.depth + 1
         own, own_meta = load_finetuned(out)  # the exported directory, opened by this project
         mine = own(tokens, pad)
     real = ~pad if task == "residue" else slice(None)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model.heads import FineTuneNet, masked_mean, residue_mask
+from ..model.heads import FineTuneNet, residue_mask
 from ..objectives import IGNORE
 from ..probe import make_probe
 from .batches import Encoded, batches
@@ -22,7 +22,7 @@ PROBE_RESIDUES = 20000
 @torch.no_grad()
 def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int):
     """What the head sees before any training, on ``data``: the mean over each protein's residues of
-    the encoder's output (pooled tasks), or the output at each residue (a seeded sample of at most
+    the encoder's output (pooled tasks; pooling=layers: of every hidden state, side by side), or the output at each residue (a seeded sample of at most
     :data:`PROBE_RESIDUES`), beside, when the head has a window w, the sum of the outputs of the
     protein's residues within w of it over 2w + 1 (what its convolution can weigh: the probe sees the
     context the head and the windowed composition baseline see); returns (features (n, dim or 2 dim)
@@ -31,8 +31,9 @@ def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int
     net.eval()
     X, y = [None] * len(data), [None] * len(data)                       # in data order, as the folds see them
     for batch, b in batches(data, max_tokens, net.tokenizer.pad_id):
-        h, residues = net.encoder(b["tokens"], b["padding_mask"]).float(), residue_mask(b["tokens"], net.tokenizer)
-        pooled = None if net.task == "residue" else masked_mean(h, residues)
+        h, residues = net.hidden(b["tokens"], b["padding_mask"]), residue_mask(b["tokens"], net.tokenizer)
+        pooled = None if net.task == "residue" else net.head.probe_features(h, residues).float()
+        h = h.float() if net.task == "residue" else None
         if net.task == "residue" and net.head.window:
             h = torch.cat([h, _window_mean(h * residues.unsqueeze(-1), net.head.window)], -1)
         for row, i in enumerate(batch):

@@ -55,6 +55,33 @@ class SequenceClassificationHead(nn.Module):
         every position) -> (B, num_outputs)."""
         return self.out(self.drop(masked_mean(hidden, residues)))
 
+    def probe_features(self, hidden: torch.Tensor, residues: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, in_features): what the linear layer reads before any training (a linear probe's features)."""
+        return masked_mean(hidden, residues)
+
+
+class LayerMeansHead(nn.Module):
+    """One output vector per protein from every layer: the mean over its residues of each hidden state
+    (the token embedding, each block, the final norm), side by side, then dropout and a linear layer.
+    Why: lower layers keep what the last one has traded for the masked-LM objective (a linear probe of
+    all of them beats the last alone: docs/probe_features.md)."""
+
+    wants_layers = True  # FineTuneNet passes the list of hidden states, not the last one
+
+    def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0, layers: int = 1):
+        super().__init__()
+        self.layers = int(layers)
+        self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim * self.layers, num_outputs)
+
+    def forward(self, hidden: list[torch.Tensor], residues: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: ``layers`` tensors (B, L, dim), residues (B, L) True where to pool -> (B, num_outputs)."""
+        return self.out(self.drop(self.probe_features(hidden, residues)))
+
+    def probe_features(self, hidden: list[torch.Tensor], residues: torch.Tensor | None = None) -> torch.Tensor:
+        if len(hidden) != self.layers:
+            raise ValueError(f"pooling=layers: {len(hidden)} hidden states for a head of {self.layers}")
+        return torch.cat([masked_mean(h, residues) for h in hidden], -1)
+
 
 class TokenClassificationHead(nn.Module):
     """One output vector per position (e.g. secondary structure per residue): dropout and a
@@ -103,6 +130,10 @@ class AttentionPoolingHead(nn.Module):
         w = torch.softmax(s, -1).nan_to_num(0.0).to(hidden.dtype)  # a row without residues pools to 0
         return self.out(self.drop(torch.einsum("bl,bld->bd", w, hidden)))
 
+    def probe_features(self, hidden: torch.Tensor, residues: torch.Tensor | None = None) -> torch.Tensor:
+        """The plain mean: a probe folded into this head zeroes its scores (head_init=probe)."""
+        return masked_mean(hidden, residues)
+
 
 # --- an encoder with a task head (what finetune trains and export writes) ------------------
 #: the projections LoRA adapts: attention's q/k/v and output, the feed-forward's two layers
@@ -118,7 +149,7 @@ def mix_outputs(tuned: torch.Tensor, probe: torch.Tensor, share: float, task: st
         return share * tuned.float() + (1 - share) * probe.float()
     return torch.logaddexp(F.log_softmax(tuned.float(), -1) + math.log(share),
                            F.log_softmax(probe.float(), -1) + math.log1p(-share))
-TASK_HEADS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead}
+TASK_HEADS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead, "layers": LayerMeansHead}
 
 
 class FineTuneNet(nn.Module):
@@ -139,6 +170,7 @@ class FineTuneNet(nn.Module):
         self.task, self.encoder = task, encoder
         dim = encoder.config.dim
         self.head = (TokenClassificationHead(dim, num_outputs, dropout, window) if task == "residue"
+                     else LayerMeansHead(dim, num_outputs, dropout, encoder.depth + 1) if pooling == "layers"
                      else TASK_HEADS[pooling](dim, num_outputs, dropout))
         self.frozen: list[nn.Module] = []
         self.probe: FineTuneNet | None = None  # attach_probe: the frozen encoder and the probe's head
@@ -149,8 +181,14 @@ class FineTuneNet(nn.Module):
             if hasattr(m, "redraw_interval"):
                 m.redraw_interval = 0
 
+    def hidden(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        """What the head reads: the encoder's output (B, L, dim), or (pooling=layers) every hidden state."""
+        if getattr(self.head, "wants_layers", False):
+            return self.encoder(tokens, padding_mask, return_layers=True)[1]
+        return self.encoder(tokens, padding_mask)
+
     def forward(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.head(self.encoder(tokens, padding_mask), residue_mask(tokens, self.tokenizer))
+        out = self.head(self.hidden(tokens, padding_mask), residue_mask(tokens, self.tokenizer))
         if self.probe is None:
             return out
         return mix_outputs(out, self.probe(tokens, padding_mask), self.share, self.task)

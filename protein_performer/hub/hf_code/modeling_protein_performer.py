@@ -405,26 +405,36 @@ class ProteinPerformerForCausalLM(ProteinPerformerLMHeadModel):
 
 
 class PoolingHead(nn.Module):
-    """protein-performer's SequenceClassificationHead (mean) / AttentionPoolingHead (attention): the
-    hidden states pooled over the residues, then dropout and a linear layer."""
+    """protein-performer's SequenceClassificationHead (mean) / AttentionPoolingHead (attention) /
+    LayerMeansHead (layers: the mean of every hidden state, side by side): the hidden states pooled over
+    the residues, then dropout and a linear layer."""
 
-    def __init__(self, dim, num_labels, pooling, dropout):
+    def __init__(self, dim, num_labels, pooling, dropout, layers=1):
         super().__init__()
-        if pooling not in ("mean", "attention"):
-            raise ValueError(f"pooling must be 'mean' or 'attention', got {pooling!r}")
+        if pooling not in ("mean", "attention", "layers"):
+            raise ValueError(f"pooling must be 'mean', 'attention' or 'layers', got {pooling!r}")
         self.pooling = pooling
         if pooling == "attention":  # a learned score per residue, softmax over the protein's residues
             self.score = nn.Linear(dim, 1)
-        self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim, num_labels)
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(dim * (layers if pooling == "layers" else 1), num_labels)
 
     def forward(self, h, residues):
-        if self.pooling == "mean":  # protein_performer.model.pooling.masked_mean, copied to stand alone
-            m = residues.to(h.dtype)[..., None]
-            pooled = (h * m).sum(1) / m.sum(1).clamp_min(1)
+        """h: the last hidden state (B, L, dim), or (pooling=layers) every hidden state."""
+        if self.pooling == "layers":
+            return self.out(self.drop(torch.cat([_mean(x, residues) for x in h], -1)))
+        if self.pooling == "mean":
+            pooled = _mean(h, residues)
         else:
             s = self.score(h).squeeze(-1).float().masked_fill(~residues, float("-inf"))
             pooled = torch.einsum("bl,bld->bd", torch.softmax(s, -1).nan_to_num(0.0).to(h.dtype), h)
         return self.out(self.drop(pooled))
+
+
+def _mean(h, residues):
+    """protein_performer.model.pooling.masked_mean, copied to stand alone: the mean over the residues."""
+    m = residues.to(h.dtype)[..., None]
+    return (h * m).sum(1) / m.sum(1).clamp_min(1)
 
 
 class TokenHead(nn.Module):
@@ -490,16 +500,20 @@ class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
         return ProteinPerformerModel(config), (
             TokenHead(config.dim, config.num_labels, dropout, getattr(config, "head_window", 0) or 0)
             if self.per_residue else
-            PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout))
+            PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout, config.depth + 1))
 
     def _logits(self, input_ids, attention_mask, output_hidden_states):
         """The head's logits (mixed with the probe's where the export is an ensemble) and the encoder's output."""
         residues = self._residues(input_ids)
-        out = self._hidden(input_ids, attention_mask, output_hidden_states)
-        logits = self.head(out.last_hidden_state, residues)
+        layers = not self.per_residue and getattr(self.config, "pooling", "mean") == "layers"  # every hidden state
+        out = self._hidden(input_ids, attention_mask, output_hidden_states or layers)
+        logits = self.head(out.hidden_states if layers else out.last_hidden_state, residues)
         if self.probe is not None:
-            h = self.probe.encoder(input_ids, attention_mask, return_dict=True).last_hidden_state
-            logits = mix_outputs(logits, self.probe.head(h, residues), self.share, self.config.finetune_task)
+            o = self.probe.encoder(input_ids, attention_mask, output_hidden_states=layers, return_dict=True)
+            logits = mix_outputs(logits, self.probe.head(o.hidden_states if layers else o.last_hidden_state, residues),
+                                 self.share, self.config.finetune_task)
+        if layers and not output_hidden_states:  # read for the head, not asked for
+            out = BaseModelOutput(last_hidden_state=out.last_hidden_state)
         return logits, out
 
     def _residues(self, input_ids):
