@@ -113,3 +113,43 @@ def test_ensemble_1_keeps_the_epoch_alone_and_bad_values_are_one_line(ckpt, tmp_
         assert code == 2 and len(err.strip().splitlines()) == 1 and "ensemble=" in err, err
         assert not (tmp_path / ("bad" + bad)).exists()
     assert math.isclose(FT.ENSEMBLE, 0.5)
+
+
+def test_epoch_confidence_keeps_the_epoch_alone_only_where_it_beats_the_mix_that_surely(ckpt, tmp_path):  # noqa: F811
+    """epoch_confidence c < 1: the best epoch alone replaces the mix when it wins c of the validation bootstrap's
+    draws against it; the weights kept are then the ensemble's fine-tuned member, bit for bit, predicting alone."""
+    rows, labels = rich_or_poor(tmp_path, 200, seed=10)
+    kw = dict(lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10, min_confidence=0, max_tokens=1200,
+              trainer={"max_epochs": 3, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
+    runs = {}
+    for name, c in (("mix", None), ("alone", 0.0)):
+        out = tmp_path / name
+        FT.finetune(ckpt[1], labels, "classification", out, **kw, **({} if c is None else {"epoch_confidence": c}))
+        runs[name] = out, json.loads((out / "metrics.json").read_text())["selection"]
+    mix, alone = runs["mix"][1], runs["alone"][1]
+    assert mix["kept"].startswith("ensemble: 0.5 epoch ") and "epoch_over_mix" not in mix  # the default: never
+    best = mix["kept"].split()[2:4]  # ["epoch", "N"]
+    assert alone["epoch_alone"] is True and alone["kept"] == " ".join(best)
+    assert 0 <= alone["epoch_over_mix"] <= 1
+    assert json.loads((runs["alone"][0] / "finetune.json").read_text())["ensemble"] is None
+    mixed, _ = load_finetuned(runs["mix"][0])
+    kept, _ = load_finetuned(runs["alone"][0])
+    assert kept.probe is None
+    member = {**{f"encoder.{k}": v for k, v in mixed.encoder.state_dict().items()},
+              **{f"head.{k}": v for k, v in mixed.head.state_dict().items()}}
+    own = kept.state_dict()
+    assert member.keys() == own.keys()
+    assert all(torch.equal(own[k], v) if isinstance(v, torch.Tensor) else own[k] == v for k, v in member.items())
+    classes = sorted({r[2] for r in rows})
+    test = [r for r in rows if r[3] == "test"]
+    with torch.no_grad():
+        p = np.array([torch.softmax(kept(torch.tensor([TOK.encode(r[1])]))[0].double(), -1).numpy() for r in test])
+    with open(runs["alone"][0] / "predictions.csv", newline="") as fh:
+        written = list(csv.DictReader(fh))
+    np.testing.assert_allclose([float(r["score"]) for r in written], p[:, 1], atol=1e-4)
+    # just above the epoch's confidence (or 1: never), the mix stays
+    out = tmp_path / "above"
+    FT.finetune(ckpt[1], labels, "classification", out, **kw,
+                epoch_confidence=min(1.0, alone["epoch_over_mix"] + 1e-3))
+    above = json.loads((out / "metrics.json").read_text())["selection"]
+    assert above["kept"] == mix["kept"] and not above.get("epoch_alone", False)

@@ -72,6 +72,7 @@ class FineTuner(pl.LightningModule):
         self.probe_val = self.best_val = None  # Validated: the probe's outputs, the best candidate's
         # the best fine-tuned candidate's weights and name even where the probe ranks above it (the ensemble's member)
         self.best_tuned = self.best_tuned_name = self.best_tuned_key = self.best_tuned_epoch = None
+        self.best_tuned_val = self.best_tuned_loss = None  # its validation outputs and loss (the mix's rival)
         self.keep_next = False  # the next candidate is kept whatever its rank (the ensemble: a fixed rule)
         self._seen = 0  # validation proteins so far in this pass (each row's protein index)
 
@@ -122,6 +123,7 @@ class FineTuner(pl.LightningModule):
         if name != "probe" and (self.best_tuned_key is None or key > self.best_tuned_key):
             weights = snapshot(self.net)
             self.best_tuned, self.best_tuned_name, self.best_tuned_key, self.best_tuned_epoch = weights, name, key, epoch
+            self.best_tuned_val, self.best_tuned_loss = outputs, loss
         if self.keep_next or self.best_key is None or key > self.best_key:
             self.best_key, self.best_loss, self.best_name, self.best_val = key, loss, name, outputs
             self.best = snapshot(self.net) if weights is None else weights
@@ -133,6 +135,16 @@ class FineTuner(pl.LightningModule):
         if self.select_by == "loss" or self.probe_val is None or self.best_name in (None, "probe"):
             return None
         return bootstrap_confidence(self.net.task, self.select_by, self.probe_val, self.best_val, seed)
+
+    def tuned_record(self) -> tuple:
+        """The best fine-tuned candidate so far (weights, name, loss, key, validation outputs, epoch), to keep
+        it later (:meth:`keep_record`) whatever is validated in between."""
+        return (self.best_tuned, self.best_tuned_name, self.best_tuned_loss, self.best_tuned_key,
+                self.best_tuned_val, self.best_tuned_epoch)
+
+    def keep_record(self, record: tuple) -> None:
+        """A candidate of :meth:`tuned_record` kept."""
+        self.best, self.best_name, self.best_loss, self.best_key, self.best_val, self.best_epoch = record
 
     def keep_probe(self, weights: dict[str, torch.Tensor]) -> None:
         """The probe's candidate (its ``weights``: a :func:`snapshot` taken when it was validated) kept."""

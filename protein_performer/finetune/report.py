@@ -92,6 +92,9 @@ def format_metrics(result: dict) -> str:
     if kept is not None:
         value = kept.get(sel["by"], kept["loss"])
         choice = f"\nkept: {sel['kept']} (valid {sel['by']} {value:.4f}"
+        if sel.get("epoch_alone"):
+            choice += (f"; alone, not mixed with the probe: ahead of the mix in {sel['epoch_over_mix']:.1%} of the "
+                       f"validation bootstrap's draws")
         if "over_probe" in sel and sel["kept"] != "probe":
             choice += f", {sel['over_probe']:+.4f} over the linear probe"
             if "confidence" in sel:

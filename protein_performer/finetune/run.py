@@ -22,6 +22,7 @@ from ..probe import check_classes, check_test_overlap
 from ..tokenizer import Tokenizer
 from ..training.progress import check_progress, lightning_progress
 from .batches import Encoded, _loader
+from .confidence import bootstrap_confidence
 from .head_init import probe_head_init
 from .labels import SPLITS, Examples, assign_splits, read_examples
 from .module import FineTuner, interpolate, snapshot
@@ -42,6 +43,10 @@ MIN_CONFIDENCE = 0.9
 #: 1: the epoch alone (docs/downstream.md, the ensemble study)
 ENSEMBLE = 0.5
 
+#: the ensemble gives way to the best epoch alone when the epoch beats the mix in this share of the validation
+#: bootstrap's draws (1: never; docs/downstream.md, the epoch-or-mix study)
+EPOCH_CONFIDENCE = 1.0
+
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
 #: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
 RESIDUE_WINDOW = 7
@@ -56,24 +61,25 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
-             interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE) -> dict:
+             interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE,
+             epoch_confidence: float = EPOCH_CONFIDENCE) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
-    ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention
-    and feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at
-    the end.  ``window`` (task=residue): the head also sees that many residues on either side (None:
-    :data:`RESIDUE_WINDOW`).  ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or
-    ``random``.  Whatever the start, a linear probe of the frozen encoder is fitted on the training
-    split (``probe_baseline``); the weights kept are the best on the validation split by ``select_by``
-    (auto: accuracy, Spearman or residue accuracy; or macro_f1, mcc, loss) of the probe, every epoch
-    and (``interpolate``) the weights between the probe's and the best epoch's at :data:`SHARES`
-    (WiSE-FT), so fine-tuning never ends below its own probe on validation; the best fine-tuned one
-    is kept over the probe only when it wins in ``min_confidence`` of the bootstrap draws of the
-    validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
+    ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
+    feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at the end.
+    ``window`` (task=residue): the head also sees that many residues on either side (None: :data:`RESIDUE_WINDOW`).
+    ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or ``random``.  Whatever the start, a
+    linear probe of the frozen encoder is fitted on the training split (``probe_baseline``); the weights kept are
+    the best on the validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or
+    macro_f1, mcc, loss) of the probe, every epoch and (``interpolate``) the weights between the probe's and
+    the best epoch's at :data:`SHARES` (WiSE-FT), so fine-tuning never ends below its own probe on validation;
+    the best fine-tuned one is kept over the probe only when it wins in ``min_confidence`` of the bootstrap
+    draws of the validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
     ``ensemble`` < 1: the fine-tuned candidate is that share of the best epoch's outputs and the rest of the
-    probe's (:func:`_ensemble`; the saved model holds both encoders), weighed by the gate against the probe.
-    ``layer_decay``: each encoder block below the last at this times the rate above.
-    ``stop_on``: early stopping (``patience``) on the validation ``metric`` that ``select_by`` names, or
+    probe's (:func:`_ensemble`; the saved model holds both encoders), weighed by the gate against the probe,
+    unless the best epoch alone beats the mix in ``epoch_confidence`` of the bootstrap draws (1: never).
+    ``layer_decay``: each encoder block below the last at this times the rate above.  ``stop_on``: early
+    stopping (``patience``) on the validation ``metric`` that ``select_by`` names, or
     the ``loss``.  ``schedule``: ``constant``, or ``linear`` (:func:`~.schedule.warmup_linear`: up over
     ``warmup`` of the trainer's steps, then down to 0 at its last).  Progress: a line per epoch on
     stdout; with the trainer's progress bar on and stdout not a terminal, also a line every
@@ -83,7 +89,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                                 head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on,
-                                interpolate, probe_baseline, min_confidence, ensemble)
+                                interpolate, probe_baseline, min_confidence, ensemble, epoch_confidence)
     window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
@@ -107,7 +113,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             probe, seconds, gate = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale, probe_baseline
                                           or head_init == "probe", head_init, interpolate, min_confidence,
-                                          float(ensemble))
+                                          float(ensemble), float(epoch_confidence))
             if lora:
                 module.net.merge_lora()
             net = module.net.cpu().eval()
@@ -122,10 +128,9 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           selection=selection_summary(module.candidates, module.best_name, select_by, gate))
             meta = _meta(net, ckpt, task, classes, scale, window, adapters, pooling=pooling, dropout=dropout,
                          freeze=freeze, head_init=head_init, schedule=schedule, warmup=float(warmup),
-                         select_by=select_by, layer_decay=float(layer_decay), stop_on=stop_on,
-                         interpolate=interpolate, min_confidence=float(min_confidence))
-            _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_,
-                           predictions, scores)
+                         select_by=select_by, layer_decay=float(layer_decay), stop_on=stop_on, interpolate=interpolate,
+                         min_confidence=float(min_confidence), epoch_confidence=float(epoch_confidence))
+            _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_, predictions, scores)
     return result
 
 
@@ -142,7 +147,7 @@ def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, 
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
-                    probe_baseline, min_confidence, ensemble=1.0) -> str:
+                    probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -171,9 +176,10 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     for name, v in (("interpolate", interpolate), ("probe_baseline", probe_baseline)):
         if not isinstance(v, bool):
             raise UserError(f"{name}={v!r}: true or false")
-    if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence <= 1:
-        raise UserError(f"min_confidence={min_confidence!r}: a share of the bootstrap draws in [0, 1] (0: keep the "
-                        f"higher validation score)")
+    for name, v in (("min_confidence", min_confidence), ("epoch_confidence", epoch_confidence)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise UserError(f"{name}={v!r}: a share of the bootstrap draws in [0, 1] (0: keep the higher "
+                            f"validation score)")
     if isinstance(ensemble, bool) or not isinstance(ensemble, (int, float)) or not 0 < ensemble <= 1:
         raise UserError(f"ensemble={ensemble!r}: the best epoch's share of the output mix with the probe, in (0, 1] "
                         f"(1: the epoch alone)")
@@ -270,11 +276,13 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
 
 def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
            scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False,
-           min_confidence: float = 0.0, ensemble: float = 1.0) -> tuple[dict | None, float, dict]:
+           min_confidence: float = 0.0, ensemble: float = 1.0,
+           epoch_confidence: float = 1.0) -> tuple[dict | None, float, dict]:
     """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
     unless head_init=probe, the epochs trained, with ``shares`` their best interpolated with the probe
     (:data:`SHARES`) and validated, with ``ensemble`` < 1 the best fine-tuned one mixed with the probe
-    in output space (:func:`_ensemble`), the probe kept unless the best beats it in ``min_confidence`` of
+    in output space (:func:`_ensemble`; the epoch alone again where it beats the mix in ``epoch_confidence``
+    of the bootstrap draws), the probe kept unless the best beats it in ``min_confidence`` of
     the bootstrap draws, and the kept candidate's weights put back; returns what the probe fitted
     (None: no probe), the seconds it all took, and the gate's figures (for selection_summary)."""
     net = module.net
@@ -299,9 +307,9 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
             net.load_state_dict(interpolate(probed, tuned, share), strict=False)
             module.stage = f"{share:g} {name} + {1 - share:g} probe"
             fit.validate(module, valid, verbose=False)
-    if ensemble < 1 and probed is not None and module.best_tuned is not None:
-        _ensemble(fit, module, valid, probed, ensemble)
     gate = {"min_confidence": float(min_confidence)}
+    if ensemble < 1 and probed is not None and module.best_tuned is not None:
+        gate.update(_ensemble(fit, module, valid, probed, ensemble, epoch_confidence, seed))
     confidence = module.confidence_over_probe(seed)
     if confidence is not None:
         gate.update(best_tuned=module.best_name, confidence=confidence)
@@ -315,17 +323,30 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
     return fitted, seconds, gate
 
 
-def _ensemble(fit: pl.Trainer, module: FineTuner, valid, probed: dict, share: float) -> None:
+def _ensemble(fit: pl.Trainer, module: FineTuner, valid, probed: dict, share: float, epoch_confidence: float = 1.0,
+              seed: int = 0) -> dict:
     """The output-space ensemble validated and made the fine-tuned candidate, whatever its rank (a fixed
     rule, not a choice on the validation split: docs/downstream.md): ``share`` of the best fine-tuned
-    candidate's outputs and the rest of a frozen copy of the network with the probe's weights."""
+    candidate's outputs and the rest of a frozen copy of the network with the probe's weights; that
+    candidate alone again when it beats the mix in ``epoch_confidence`` of the validation bootstrap's
+    draws (< 1; where fine-tuning is far ahead of the probe, the probe only drags the mix). Returns the
+    figures for metrics.json: that confidence, and whether the epoch alone was kept."""
     net = module.net
     member = copy.deepcopy(net)  # the checkpoint's encoder and the probe's head, frozen
     member.load_state_dict(probed, strict=False)
     net.load_state_dict(module.best_tuned, strict=False)
+    alone = module.tuned_record()  # the mix's validation may take the best fine-tuned candidate's place
     net.attach_probe(member, share)
     name = module.best_tuned_name
     module.stage, module.stage_epoch = f"ensemble: {share:g} {name} + {1 - share:g} probe", module.best_tuned_epoch
     module.keep_next = True
     fit.validate(module, valid, verbose=False)
+    if epoch_confidence >= 1 or module.select_by == "loss" or alone[4] is None:
+        return {}
+    confidence = bootstrap_confidence(net.task, module.select_by, module.best_val, alone[4], seed)
+    if confidence >= epoch_confidence:
+        net.detach_probe()
+        module.keep_record(alone)
+    return {"epoch_confidence": float(epoch_confidence), "epoch_over_mix": confidence,
+            "epoch_alone": confidence >= epoch_confidence}
 
