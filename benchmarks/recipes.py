@@ -219,7 +219,8 @@ def render_gate(rows: dict[tuple, dict]) -> list[str]:
         f"{t} {s}: {rows['finetune', r, t, s]['selection'].get('confidence', float('nan')):.3f}"
         for g in groups for t, s in runs[r, g]) for r in recipes)]
     lines = [" and ".join(f"`{r}`" for r in recipes) + " run once per task and seed at min_confidence 0; each "
-             "row keeps the fine-tuned candidate (the best epoch; for `ensemble`, its mix with the probe) only where "
+             "row keeps the fine-tuned candidate (the best epoch; for `ensemble`, its mix with the probe; for `ensemble_epoch`, "
+             "the mix, or the epoch alone where it beat the mix in 0.9 of the draws) only where "
              "its confidence over the probe (the share of 1,000 bootstrap draws of the validation proteins it wins) "
              "reaches the threshold, else the probe. Δ: the test change against the probe, averaged over the runs; "
              "below: runs whose test value ends under the probe's; probe: runs that keep it. Confidence by run: "

@@ -57,7 +57,7 @@ def test_the_default_ensemble_predicts_the_mean_of_the_epochs_and_the_probes_pro
     rows, labels = rich_or_poor(tmp_path, 200, seed=10)
     out = tmp_path / "out"
     FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
-                min_confidence=0, max_tokens=1200, trainer={"max_epochs": 3, "enable_progress_bar": False},
+                min_confidence=0, epoch_confidence=1.0, max_tokens=1200, trainer={"max_epochs": 3, "enable_progress_bar": False},
                 progress_every=None, progress_seconds=None)
     m = json.loads((out / "metrics.json").read_text())
     meta = json.loads((out / "finetune.json").read_text())
@@ -112,7 +112,7 @@ def test_ensemble_1_keeps_the_epoch_alone_and_bad_values_are_one_line(ckpt, tmp_
                                    f"output_dir={tmp_path / ('bad' + bad)}", f"ensemble={bad}")
         assert code == 2 and len(err.strip().splitlines()) == 1 and "ensemble=" in err, err
         assert not (tmp_path / ("bad" + bad)).exists()
-    assert math.isclose(FT.ENSEMBLE, 0.5)
+    assert math.isclose(FT.ENSEMBLE, 0.5) and math.isclose(FT.EPOCH_CONFIDENCE, 0.9)
 
 
 def test_epoch_confidence_keeps_the_epoch_alone_only_where_it_beats_the_mix_that_surely(ckpt, tmp_path):  # noqa: F811
@@ -122,12 +122,14 @@ def test_epoch_confidence_keeps_the_epoch_alone_only_where_it_beats_the_mix_that
     kw = dict(lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10, min_confidence=0, max_tokens=1200,
               trainer={"max_epochs": 3, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
     runs = {}
-    for name, c in (("mix", None), ("alone", 0.0)):
+    for name, c in (("mix", 1.0), ("alone", 0.0)):
         out = tmp_path / name
-        FT.finetune(ckpt[1], labels, "classification", out, **kw, **({} if c is None else {"epoch_confidence": c}))
+        result = FT.finetune(ckpt[1], labels, "classification", out, **kw, epoch_confidence=c)
         runs[name] = out, json.loads((out / "metrics.json").read_text())["selection"]
+        # the closing line says whether the epoch stands alone, and how sure validation was
+        assert ("alone, not mixed with the probe: ahead of the mix in" in FT.format_metrics(result)) == (c == 0.0)
     mix, alone = runs["mix"][1], runs["alone"][1]
-    assert mix["kept"].startswith("ensemble: 0.5 epoch ") and "epoch_over_mix" not in mix  # the default: never
+    assert mix["kept"].startswith("ensemble: 0.5 epoch ") and "epoch_over_mix" not in mix  # 1: never
     best = mix["kept"].split()[2:4]  # ["epoch", "N"]
     assert alone["epoch_alone"] is True and alone["kept"] == " ".join(best)
     assert 0 <= alone["epoch_over_mix"] <= 1

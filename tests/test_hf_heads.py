@@ -58,7 +58,7 @@ def finetuned(ckpt, tmp_path_factory):
             ft, out = d / "ft", d / "export"
             FT.finetune(ckpt, write_labels(d / "labels.csv", task), task, ft, pooling=pooling, lr=1e-2,
                         head_lr=0.1, window=window, head_init="random",
-                        probe_baseline=ensemble, min_confidence=0,  # trained weights, not the probe
+                        probe_baseline=ensemble, min_confidence=0, epoch_confidence=1.0,  # the mix, not the probe
                         trainer={"max_steps": 3, "enable_progress_bar": False})
             made[task, pooling, window, ensemble] = ft, export(ft, out)
         return made[task, pooling, window, ensemble]

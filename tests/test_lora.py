@@ -157,7 +157,7 @@ def test_lora_under_the_default_ensemble_saves_merged_weights_beside_the_untouch
     code, _, err = run_command("finetune", capsys, f"ckpt={ckpt}", f"labels={write_labels(tmp_path / 'labels.csv')}",
                                "task=classification", f"output_dir={out}", "lora=true", "lora_rank=2", "lr=1e-2",
                                "head_lr=1e-2", "trainer.max_steps=15", "max_tokens=800", "patience=20",
-                               "min_confidence=0")  # the ensemble kept whatever the gate would say
+                               "min_confidence=0", "epoch_confidence=1")  # the ensemble kept whatever the gates say
     assert code == 0, err
     assert json.loads((out / "finetune.json").read_text())["ensemble"] == 0.5
     saved = load_file(str(out / "model.safetensors"))

@@ -27,7 +27,7 @@ from .labels import SPLITS, TASKS, Examples, _read_csv, assign_splits, read_exam
 from .module import FineTuner, _state, encoder_groups
 from .outputs import CONFIG, JOURNAL, METRICS, OUTPUTS, PREDICTIONS, WEIGHTS, _check_output, _write_outputs
 from .report import baseline, format_metrics, metrics, predict, selection_summary
-from .run import ENSEMBLE, MIN_CONFIDENCE, RESIDUE_WINDOW, finetune
+from .run import ENSEMBLE, EPOCH_CONFIDENCE, MIN_CONFIDENCE, RESIDUE_WINDOW, finetune
 from .schedule import SELECT_BY, WARMUP, selection_metric, time_budget, warmup_linear
 
 _lightning_module = FineTuner  # its name before the split (a function building the module)
