@@ -22,8 +22,8 @@ PROBE_RESIDUES = 20000
 @torch.no_grad()
 def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int):
     """What the head sees before any training, on ``data``: the mean over each protein's residues of
-    the encoder's output (pooled tasks; pooling=layers: of every hidden state, side by side), or the output at each residue (a seeded sample of at most
-    :data:`PROBE_RESIDUES`), beside, when the head has a window w, the sum of the outputs of the
+    the encoder's output (pooled tasks; pooling=layers: of every hidden state, side by side), or the
+    output at each residue (a seeded sample of at most :data:`PROBE_RESIDUES`), beside, when the head has a window w, the sum of the outputs of the
     protein's residues within w of it over 2w + 1 (what its convolution can weigh: the probe sees the
     context the head and the windowed composition baseline see); returns (features (n, dim or 2 dim)
     float64, targets (n,))."""
