@@ -41,21 +41,28 @@ def feature_sets(f: dict, comp, depth: int) -> dict:
             for name, (_, every, with_comp) in FEATURES.items()}
 
 
-def run(name: str, loaded, seed: int) -> dict:
+def task_features(name: str, loaded, seed: int):
+    """The task's seeded subsample (recipes.py's sizes) as probe inputs: (task, classes, {part: labels},
+    {part: {feature set: (N, D)}}, {part: composition}, {split: proteins used}) for the train and test parts."""
     import numpy as np
 
     from protein_performer.probe import composition_features
     task, ex, chosen, _ = downstream.load_task(name, recipes.SIZES[name], seed)
-    tr, te = chosen["train"], chosen["test"]
     classes = sorted(set(ex.labels)) if task == "classification" else []
-    y_tr, y_te = np.array([ex.labels[i] for i in tr]), np.array([ex.labels[i] for i in te])
-    sets, comp = {}, {}
-    for part, idx in (("train", tr), ("test", te)):
-        seqs = [ex.seqs[i] for i in idx]
+    y, sets, comp = {}, {}, {}
+    for part in ("train", "test"):
+        seqs = [ex.seqs[i] for i in chosen[part]]
+        y[part] = np.array([ex.labels[i] for i in chosen[part]])
         comp[part] = composition_features(seqs)
         sets[part] = feature_sets(downstream.protein_features(loaded, seqs, loaded.net.depth), comp[part],
                                   loaded.net.depth)
-    out = {"task": task, "used": {s: len(i) for s, i in chosen.items()}}
+    return task, classes, y, sets, comp, {s: len(i) for s, i in chosen.items()}
+
+
+def run(name: str, loaded, seed: int) -> dict:
+    task, classes, y, sets, comp, used = task_features(name, loaded, seed)
+    y_tr, y_te = y["train"], y["test"]
+    out = {"task": task, "used": used}
     out["composition"] = downstream.probe(task, classes, comp["train"], y_tr, comp["test"], y_te, seed)
     for fs in FEATURES:
         start = time.perf_counter()

@@ -264,17 +264,26 @@ def detect_task(labels: Sequence[str], max_classes: int = 20) -> str:
 
 
 # --- the probe ---------------------------------------------------------------------------
-def make_probe(task: str, folds: int = 5, seed: int = 0):
-    """standardize -> logistic regression (C by inner CV on log-loss; Newton-Cholesky
-    converges in a few steps where lbfgs needed thousands on 7 classes) or ridge (alpha
-    by leave-one-out)."""
+#: the logistic-regression probe's solver (make_probe; benchmarks/probe_solver.py compares it with newton-cholesky)
+#: and its stopping tolerance (the gradient's largest entry): scikit-learn's 1e-4 stops Newton-CG a few 1e-3 of a
+#: probability short of Newton-Cholesky's optimum; 1e-5 reaches it on family's 640 features at about twice the time
+SOLVER, TOL = "newton-cg", 1e-5
+
+
+def make_probe(task: str, folds: int = 5, seed: int = 0, solver: str | None = None):
+    """standardize -> logistic regression (C by inner CV on log-loss) or ridge (alpha by
+    leave-one-out).  The solver is Newton-CG: Newton's steps, as Newton-Cholesky's (lbfgs
+    needed thousands of iterations on 7 classes), but through Hessian-vector products, so a
+    wide multiclass probe never forms the (classes x features)^2 Hessian: on 2,000 proteins,
+    12 classes and 640 features, 14 s where Newton-Cholesky took 13 min, to the same C
+    (docs/downstream.md, "The probe's solver")."""
     from sklearn.linear_model import LogisticRegressionCV, RidgeCV
     from sklearn.model_selection import StratifiedKFold
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     if task == "classification":
         head = LogisticRegressionCV(Cs=np.logspace(-4, 2, 7), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-                                    scoring="neg_log_loss", solver="newton-cholesky", max_iter=100,
+                                    scoring="neg_log_loss", solver=solver or SOLVER, max_iter=100, tol=TOL,
                                     l1_ratios=(0.0,),
                                     use_legacy_attributes=False)
     elif task == "regression":

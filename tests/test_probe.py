@@ -203,3 +203,19 @@ def test_a_rare_class_is_one_plain_warning_and_no_sklearn_repeats(caplog):
         result = fit_and_score("classification", X, y, folds=3, seed=0)
     assert not [w for w in seen if "least populated" in str(w.message)]
     assert 0 <= result["accuracy"] <= 1
+
+
+@pytest.mark.parametrize("classes", [2, 5])
+def test_the_probes_solver_reaches_newton_choleskys_optimum(classes):
+    """make_probe's Newton-CG (Hessian-vector products: fast on wide multiclass features) and scikit-learn's
+    Newton-Cholesky (the explicit Hessian) minimize the same penalized log-loss: same C, same probabilities."""
+    from protein_performer.probe import SOLVER, make_probe
+    rng = np.random.default_rng(classes)
+    X = rng.normal(size=(300, 40))
+    y = np.argmax(X[:, :classes] + 0.8 * rng.normal(size=(300, classes)), 1)  # the first dims carry the class
+    fast = make_probe("classification", 3, 0).fit(X[:200], y[:200])
+    ref = make_probe("classification", 3, 0, solver="newton-cholesky").fit(X[:200], y[:200])
+    assert SOLVER == "newton-cg" and fast[-1].solver == SOLVER
+    assert float(np.ravel(fast[-1].C_)[0]) == float(np.ravel(ref[-1].C_)[0])
+    np.testing.assert_allclose(fast.predict_proba(X[200:]), ref.predict_proba(X[200:]), atol=2e-3)
+    assert np.mean(fast.predict(X[200:]) == y[200:]) > 1.5 / classes  # it learned: well above chance

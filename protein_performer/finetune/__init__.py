@@ -15,7 +15,8 @@ training ends: a bad file is one line naming file and line, with nothing written
 Modules, lowest first: :mod:`.labels` (label files -> examples, and their splits; the CSV reader is
 probe's), :mod:`.batches` (encoded examples in token-budget batches), :mod:`.schedule` (the learning
 rates, trainer.max_time, the validation metric that keeps weights), :mod:`.head_init` (the linear
-probe the head may start from, and the baseline it competes with), :mod:`.module` (the
+probe the head may start from, and the baseline it competes with), :mod:`.pooling_choice` (pooling=auto:
+which hidden states the head reads, chosen by two probes on the validation split), :mod:`.module` (the
 LightningModule, :class:`FineTuner`), :mod:`.report` (test predictions, metrics, the printed
 lines), :mod:`.outputs` (``output_dir``: what may be there, what is written), :mod:`.run`
 (:func:`finetune`, the command end to end).
@@ -27,7 +28,7 @@ from .labels import SPLITS, TASKS, Examples, _read_csv, assign_splits, read_exam
 from .module import FineTuner, _state, encoder_groups
 from .outputs import CONFIG, JOURNAL, METRICS, OUTPUTS, PREDICTIONS, WEIGHTS, _check_output, _write_outputs
 from .report import baseline, format_metrics, metrics, predict, selection_summary
-from .run import ENSEMBLE, EPOCH_CONFIDENCE, MIN_CONFIDENCE, RESIDUE_WINDOW, finetune
+from .run import ENSEMBLE, EPOCH_CONFIDENCE, MIN_CONFIDENCE, POOLING_CONFIDENCE, RESIDUE_WINDOW, finetune
 from .schedule import SELECT_BY, WARMUP, selection_metric, time_budget, warmup_linear
 
 _lightning_module = FineTuner  # its name before the split (a function building the module)

@@ -20,7 +20,7 @@ PROBE_RESIDUES = 20000
 
 
 @torch.no_grad()
-def _frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int):
+def frozen_features(net: FineTuneNet, data: Encoded, max_tokens: int, seed: int):
     """What the head sees before any training, on ``data``: the mean over each protein's residues of
     the encoder's output (pooled tasks; pooling=layers: of every hidden state, side by side), or the
     output at each residue (a seeded sample of at most :data:`PROBE_RESIDUES`), beside, when the head has a window w, the sum of the outputs of the
@@ -56,25 +56,32 @@ def _window_mean(x: torch.Tensor, w: int) -> torch.Tensor:
     return F.avg_pool1d(x.transpose(1, 2), 2 * w + 1, stride=1, padding=w, count_include_pad=True).transpose(1, 2)
 
 
-def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tuple[float, float],
-                    seed: int = 0) -> dict:
-    """Start the head where a linear probe ends (LP-FT, Kumar et al. 2022: fine-tuning from a
-    probed head keeps what the pretrained features hold, where a random head first distorts them):
-    ``probe``'s pipeline (standardize, then logistic regression with C by 3-fold CV, or ridge) on the
-    frozen encoder's features of the training split, folded into the head's linear layer, so the
-    untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
-    mean (its scores zero).  Returns what was fitted (C or alpha, the examples' count), or None
-    when a class is too rare for the cross-validation (the head then stays random)."""
-    X, y = _frozen_features(net, data, max_tokens, seed)
-    task = "regression" if net.task == "regression" else "classification"
-    target = (y - scale[0]) / scale[1] if task == "regression" else y.astype(int)
+def fit_probe(X: np.ndarray, target: np.ndarray, task: str, seed: int = 0):
+    """``probe``'s pipeline (standardize, then logistic regression with C by 3-fold CV, or ridge) fitted on
+    frozen features; None when a class is too rare for the cross-validation (or there is one class)."""
     folds = 3 if task == "regression" else int(min(3, np.unique(target, return_counts=True)[1].min()))
     if folds < 2 or (task == "classification" and len(np.unique(target)) < 2):
+        return None
+    return make_probe(task, folds=folds, seed=seed).fit(X, target)
+
+
+def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tuple[float, float],
+                    seed: int = 0, features: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+    """Start the head where a linear probe ends (LP-FT, Kumar et al. 2022: fine-tuning from a
+    probed head keeps what the pretrained features hold, where a random head first distorts them):
+    :func:`fit_probe` on the frozen encoder's features of the training split (``features``: those
+    already computed, as :func:`frozen_features` gives them), folded into the head's linear layer, so
+    the untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
+    mean (its scores zero).  Returns what was fitted (C or alpha, the examples' count), or None
+    when a class is too rare for the cross-validation (the head then stays random)."""
+    X, y = frozen_features(net, data, max_tokens, seed) if features is None else features
+    task = "regression" if net.task == "regression" else "classification"
+    target = (y - scale[0]) / scale[1] if task == "regression" else y.astype(int)
+    pipe = fit_probe(X, target, task, seed)
+    if pipe is None:
         log.warning("head_init=probe: a class has fewer than 2 training examples, too few for the probe's "
                     "cross-validation; the head starts random")
         return None
-    pipe = make_probe(task, folds=folds, seed=seed)
-    pipe.fit(X, target)
     _fold_into_head(net, task, pipe)
     model = pipe[-1]
     chosen = {"C": float(np.atleast_1d(model.C_)[0])} if task == "classification" else {"alpha": float(model.alpha_)}

@@ -107,5 +107,12 @@ def format_metrics(result: dict) -> str:
         elif sel["kept"] == "probe":
             choice += ": no epoch beat the linear probe"
         choice += ")"
+    pooled = result.get("pooling")
+    if pooled and "probe" in pooled:  # pooling=auto's choice
+        choice += (f"\npooling=auto: {pooled['chosen']} (valid {pooled['by']} of a linear probe: mean "
+                   f"{pooled['probe']['mean']:.4f}, layers {pooled['probe']['layers']:.4f}; layers ahead in "
+                   f"{pooled['layers_over_mean']:.1%} of the draws, {pooled['min_confidence']:g} needed)")
+    elif pooled:
+        choice += f"\npooling=auto: {pooled['chosen']} ({pooled['reason']})"
     return (f"test ({result['n']} proteins): {main}; constant predictor: {base}\n"
             f"{result['steps']} steps, {result['epochs']} epochs, {result['train_seconds']:.1f} s{choice}")

@@ -16,7 +16,7 @@ import torch
 from ..errors import UserError, first_line
 from ..files import exclusive_lock
 from ..hub.load import load_model
-from ..model.heads import FineTuneNet
+from ..model.heads import TASK_HEADS, FineTuneNet
 from ..output_guard import OutputGuard
 from ..probe import check_classes, check_test_overlap
 from ..tokenizer import Tokenizer
@@ -26,6 +26,7 @@ from .confidence import bootstrap_confidence
 from .head_init import probe_head_init
 from .labels import SPLITS, Examples, assign_splits, read_examples
 from .module import FineTuner, interpolate, snapshot
+from .pooling_choice import choose_pooling
 from .outputs import _check_output, _write_outputs
 from .report import baseline, metrics, predict, selection_summary
 from .schedule import SELECT_BY, WARMUP, time_budget
@@ -47,6 +48,10 @@ ENSEMBLE = 0.5
 #: bootstrap's draws (1: never; docs/downstream.md, the epoch-or-mix study: ss3 +0.006 / +0.007, the rest unchanged)
 EPOCH_CONFIDENCE = 0.9
 
+#: pooling=auto takes every layer's mean over the last layer's only when a linear probe of it wins in this share of
+#: the validation bootstrap's draws (docs/downstream.md, "pooling=auto")
+POOLING_CONFIDENCE = 0.9
+
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
 #: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
 RESIDUE_WINDOW = 7
@@ -62,12 +67,13 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
              interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE,
-             epoch_confidence: float = EPOCH_CONFIDENCE) -> dict:
+             epoch_confidence: float = EPOCH_CONFIDENCE, pooling_confidence: float = POOLING_CONFIDENCE) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
     feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at the end.
     ``window`` (task=residue): the head also sees that many residues on either side (None: :data:`RESIDUE_WINDOW`).
+    ``pooling``: mean, attention, layers or auto (:func:`_auto_pooling`, with ``pooling_confidence``).
     ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or ``random``.  Whatever the start, a
     linear probe of the frozen encoder is fitted on the training split (``probe_baseline``); the weights kept are
     the best on the validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or
@@ -75,32 +81,30 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     the best epoch's at :data:`SHARES` (WiSE-FT), so fine-tuning never ends below its own probe on validation;
     the best fine-tuned one is kept over the probe only when it wins in ``min_confidence`` of the bootstrap
     draws of the validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
-    ``ensemble`` < 1: the fine-tuned candidate is that share of the best epoch's outputs and the rest of the
-    probe's (:func:`_ensemble`; the saved model holds both encoders), weighed by the gate against the probe,
-    unless the best epoch alone beats the mix in ``epoch_confidence`` of the bootstrap draws (1: never).
-    ``layer_decay``: each encoder block below the last at this times the rate above.  ``stop_on``: early
-    stopping (``patience``) on the validation ``metric`` that ``select_by`` names, or
-    the ``loss``.  ``schedule``: ``constant``, or ``linear`` (:func:`~.schedule.warmup_linear`: up over
-    ``warmup`` of the trainer's steps, then down to 0 at its last).  Progress: a line per epoch on
-    stdout; with the trainer's progress bar on and stdout not a terminal, also a line every
-    ``progress_every`` steps or ``progress_seconds`` seconds instead of the bar."""
+    ``ensemble`` < 1 and ``epoch_confidence``: :func:`_ensemble`.  ``layer_decay``: each encoder block below the
+    last at this times the rate above.  ``stop_on``: early stopping (``patience``) on the validation ``metric``
+    that ``select_by`` names, or the ``loss``.  ``schedule``: ``constant``, or ``linear``
+    (:func:`~.schedule.warmup_linear` over the trainer's steps).  Progress: a line per epoch on stdout (and,
+    with the progress bar on and stdout not a terminal, every ``progress_every`` steps or ``progress_seconds``)."""
     out = Path(output_dir)
     OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                                head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on,
-                                interpolate, probe_baseline, min_confidence, ensemble, epoch_confidence)
+                                head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
+                                probe_baseline, min_confidence, ensemble, epoch_confidence, pooling, pooling_confidence)
     window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
     classes, scale = _classes_and_scale(ex, split, task, labels)
     _check_output(out, overwrite)
     adapters = (lora_rank, float(lora_alpha), float(lora_dropout)) if lora else None
-    net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, freeze, seed,
-                             gradient_checkpointing, adapters)
+    net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, seed)
     tok = replace(net.tokenizer, unknown=unknown)
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = _encode(ex, part, task, classes, tok)
+    net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by,
+                                                   pooling_confidence, dropout, window, seed)
+    _adapt(net, freeze, gradient_checkpointing, adapters)
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
     module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
@@ -113,7 +117,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             probe, seconds, gate = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale, probe_baseline
                                           or head_init == "probe", head_init, interpolate, min_confidence,
-                                          float(ensemble), float(epoch_confidence))
+                                          float(ensemble), float(epoch_confidence), features)
             if lora:
                 module.net.merge_lora()
             net = module.net.cpu().eval()
@@ -125,7 +129,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                           epochs=int(fit.current_epoch), train_seconds=round(seconds, 2),
                           best_val_loss=module.best_loss if module.best is not None else None,
                           head_init=head_init, probe=probe, best_epoch=module.best_epoch,
-                          selection=selection_summary(module.candidates, module.best_name, select_by, gate))
+                          selection=selection_summary(module.candidates, module.best_name, select_by, gate),
+                          **({"pooling": choice} if choice is not None else {}))
             meta = _meta(net, ckpt, task, classes, scale, window, adapters, pooling=pooling, dropout=dropout,
                          freeze=freeze, head_init=head_init, schedule=schedule, warmup=float(warmup),
                          select_by=select_by, layer_decay=float(layer_decay), stop_on=stop_on, interpolate=interpolate,
@@ -147,13 +152,17 @@ def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, 
 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
-                    probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0) -> str:
+                    probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0, pooling="mean",
+                    pooling_confidence=1.0) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= v < 1:
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
     check_progress(progress_every, progress_seconds)
+    if pooling not in (*TASK_HEADS, "auto"):
+        raise UserError(f"pooling={pooling!r}: choose one of {', '.join(TASK_HEADS)} or auto (mean or layers, "
+                        f"whichever a linear probe scores higher on the validation split)")
     if int(max_tokens) < 1:
         raise UserError(f"max_tokens={max_tokens}: must be positive")
     if head_init not in ("probe", "random"):
@@ -176,7 +185,8 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     for name, v in (("interpolate", interpolate), ("probe_baseline", probe_baseline)):
         if not isinstance(v, bool):
             raise UserError(f"{name}={v!r}: true or false")
-    for name, v in (("min_confidence", min_confidence), ("epoch_confidence", epoch_confidence)):
+    for name, v in (("min_confidence", min_confidence), ("epoch_confidence", epoch_confidence),
+                    ("pooling_confidence", pooling_confidence)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             raise UserError(f"{name}={v!r}: a share of the bootstrap draws in [0, 1] (0: keep the higher "
                             f"validation score)")
@@ -219,9 +229,9 @@ def _classes_and_scale(ex: Examples, split: np.ndarray, task: str, labels) -> tu
 
 
 def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: str, dropout: float, window: int,
-               freeze, seed: int, gradient_checkpointing: bool, lora) -> tuple[FineTuneNet, int]:
-    """The checkpoint's encoder and a seeded new head, frozen, adapted (``lora``: (rank, alpha, dropout),
-    or false) and checkpointed as asked; returns it and the window (capped at the longest protein)."""
+               seed: int) -> tuple[FineTuneNet, int]:
+    """The checkpoint's encoder and a seeded new head (pooling=auto: every layer's, :func:`_auto_pooling`
+    chooses); returns it and the window (capped at the longest protein)."""
     longest = max(len(s) for s in ex.seqs) + 2
     if task == "residue" and isinstance(window, int) and not isinstance(window, bool) and window > longest - 3:
         # the head's context cannot reach past the longest protein: beyond it, only cost
@@ -234,13 +244,32 @@ def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: st
         raise UserError(f"labels {labels}: a protein of {longest - 2} residues is longer than the model's learned "
                         f"positions (model.max_positions={encoder.max_positions})")
     torch.manual_seed(seed)
-    net = FineTuneNet(encoder, task, 1 if task == "regression" else len(classes), pooling, dropout, window)
+    pooling = ("layers" if task != "residue" else "mean") if pooling == "auto" else pooling
+    return FineTuneNet(encoder, task, 1 if task == "regression" else len(classes), pooling, dropout, window), window
+
+
+def _auto_pooling(net: FineTuneNet, data: dict[str, Encoded], pooling: str, max_tokens: int, scale, select_by: str,
+                  confidence: float, dropout: float, window: int, seed: int):
+    """pooling=auto (:func:`~.pooling_choice.choose_pooling`) on ``net``, built with an every-layer head: those
+    features hold the mean head's, so one pass chooses and feeds the probe.  Returns the net with the chosen
+    head (the mean's as a plain pooling=mean run seeds it), the pooling, the choice's summary and the training
+    split's features (None, None where there was no choice: another pooling, or task=residue)."""
+    if pooling != "auto" or net.task == "residue":
+        return net, "mean" if pooling == "auto" else pooling, None, None
+    pooling, choice, features = choose_pooling(net, data, max_tokens, scale, select_by, confidence, seed)
+    if pooling != "layers":
+        torch.manual_seed(seed)
+        net = FineTuneNet(net.encoder, net.task, net.head.out.out_features, pooling, dropout, window)
+    return net, pooling, choice, features
+
+
+def _adapt(net: FineTuneNet, freeze, gradient_checkpointing: bool, lora) -> None:
+    """The net frozen, adapted (``lora``: (rank, alpha, dropout), or None) and checkpointed as asked."""
     net.freeze(freeze)
     if lora:
         net.add_lora(*lora)
     if gradient_checkpointing:
         net.checkpoint_blocks()
-    return net, window
 
 
 def _encode(ex: Examples, part: dict, task: str, classes: list, tok: Tokenizer) -> dict[str, Encoded]:
@@ -276,20 +305,21 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
 
 def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
            scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False,
-           min_confidence: float = 0.0, ensemble: float = 1.0,
-           epoch_confidence: float = 1.0) -> tuple[dict | None, float, dict]:
+           min_confidence: float = 0.0, ensemble: float = 1.0, epoch_confidence: float = 1.0,
+           features=None) -> tuple[dict | None, float, dict]:
     """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
     unless head_init=probe, the epochs trained, with ``shares`` their best interpolated with the probe
     (:data:`SHARES`) and validated, with ``ensemble`` < 1 the best fine-tuned one mixed with the probe
     in output space (:func:`_ensemble`; the epoch alone again where it beats the mix in ``epoch_confidence``
     of the bootstrap draws), the probe kept unless the best beats it in ``min_confidence`` of
-    the bootstrap draws, and the kept candidate's weights put back; returns what the probe fitted
+    the bootstrap draws, and the kept candidate's weights put back (``features``: the training split's
+    frozen features, already computed by pooling=auto); returns what the probe fitted
     (None: no probe), the seconds it all took, and the gate's figures (for selection_summary)."""
     net = module.net
     pl.seed_everything(seed, verbose=False)
     start = time.perf_counter()
     random_head = {k: v.clone() for k, v in net.head.state_dict().items()}
-    fitted = probe_head_init(net, data["train"], max_tokens, scale, seed) if probe else None  # the baseline
+    fitted = probe_head_init(net, data["train"], max_tokens, scale, seed, features) if probe else None  # baseline
     valid = _loader(data["valid"], pad_id, max_tokens)
     probed = None
     if fitted is not None:  # the probe is a candidate for the kept weights (head_init=probe: the start)
