@@ -254,6 +254,7 @@ def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
         settings = {"lr": args.lr, "head_lr": args.head_lr, "dropout": args.dropout, "schedule": args.schedule,
                     "max_tokens": args.max_tokens,
                     "patience": PATIENCE, "stop_on": STOP_ON, "seed": args.seed, "head_init": args.head_init, "freeze": args.freeze,
+                    **({"pooling": args.pooling} if task != "residue" else {}),
                     "ensemble": FT.ENSEMBLE if args.ensemble is None else args.ensemble,
                     **({"window": FT.RESIDUE_WINDOW if args.window is None else args.window}
                        if task == "residue" else {}), **extra}
@@ -363,8 +364,13 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
                  "epoch" if s.get("head_init", "random") == "probe" else "a random head")
         window = next((r["finetune"]["settings"].get("window", 0) for r in tasks.values()
                        if r.get("finetune") and r["task"] == "residue"), None)
+        chosen = ", ".join(f"{n} {r['finetune']['pooling']['chosen']}" for n, r in tasks.items()
+                           if (r.get("finetune") or {}).get("pooling"))
+        asked = next((r["finetune"]["settings"].get("pooling", "mean") for r in tasks.values()
+                      if r.get("finetune") and r["task"] != "residue"), "mean")
+        pooling = f"pooling={asked}" + (f" (chosen on the validation split: {chosen})" if chosen else "")
         lines += ["", f"Fine-tuning: `protein_performer.finetune.finetune` (the `finetune` command) on the subsample "
-                  f"written as a CSV with a split column, mean pooling, freeze={s.get('freeze', 'none')}, head_init={s.get('head_init', 'random')} "
+                  f"written as a CSV with a split column, {pooling}, freeze={s.get('freeze', 'none')}, head_init={s.get('head_init', 'random')} "
                   f"({start}), lr {s['lr']} (encoder) / {s['head_lr']} (head)"
                   + (f", rates warmed up over {100 * FT.WARMUP:g} % of the steps, then falling linearly to 0 at the last "
                      "epoch (`schedule=linear`)"
@@ -474,6 +480,8 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.0, help="finetune's dropout (before the head's linear layer)")
     ap.add_argument("--schedule", default="linear", choices=["constant", "linear"], help="finetune's schedule")
     ap.add_argument("--head-init", default="random", choices=["probe", "random"], help="finetune's head_init")
+    ap.add_argument("--pooling", default="auto", choices=["auto", "mean", "attention", "layers"],
+                    help="finetune's pooling (per-protein tasks)")
     ap.add_argument("--freeze", default="none", help="finetune's freeze: none | all | N (the embedding and the first N blocks)")
     ap.add_argument("--ensemble", type=float, default=None,
                     help="finetune's ensemble: the best epoch's share of the output mix with the probe (default: finetune's)")

@@ -133,6 +133,17 @@ def baseline(args) -> dict:
             "used": {s: len(i) for s, i in chosen.items()}}
 
 
+def layers_baseline(args) -> dict:
+    """The frozen encoder's linear probe on every layer's mean side by side (pooling=auto's other probe), on
+    the task's test split: the probe a pooling=auto run that chose layers falls back on under the gate."""
+    from benchmarks import probe_features
+    from protein_performer.hub.load import load_model
+    loaded = load_model(args.ckpt)
+    task, classes, y, sets, _, used = probe_features.task_features(args.task, loaded, args.seed)
+    return {"probe_layers": downstream.probe(task, classes, sets["train"]["layers"], y["train"], sets["test"]["layers"],
+                                             y["test"], args.seed), "used": used}
+
+
 def finetune_run(args) -> dict:
     """One recipe on one task at one seed: the test metrics of the weights finetune keeps, and which it kept."""
     from protein_performer import finetune as FT
@@ -149,6 +160,7 @@ def finetune_run(args) -> dict:
                                  "log_every_n_steps": 10}, **settings)
     return {"test": {k: r[k] for k in r if isinstance(r[k], (int, float)) and not isinstance(r[k], bool)},
             "selection": r["selection"], "epochs": r["epochs"], "train_seconds": r["train_seconds"],
+            **({"pooling": r["pooling"]} if "pooling" in r else {}),  # pooling=auto's choice
             "settings": settings, "epochs_max": epochs, "used": r["proteins"]}
 
 
@@ -172,11 +184,14 @@ def render(rows: dict[tuple, dict]) -> list[str]:
              "the validation split chose the probe, or a mix of the probe's and an epoch's (weights or outputs). probe / "
              "composition: the frozen encoder's linear probe (per protein: the mean of the last layer; per residue: "
              f"the residue's state beside its neighbours' mean within {downstream.WINDOW}) and amino-acid composition "
-             "(per residue: the residue and its neighbours' frequencies), on the same subsample.", "",
+             "(per residue: the residue and its neighbours' frequencies), on the same subsample; probe_layers: the probe on "
+             "every layer's mean side by side, run where pooling=auto chose it.", "",
              "| recipe | " + " | ".join(t + (" (out of sample)" if t in downstream.OUT_OF_SAMPLE else "") for t in tasks)
              + "".join(f" | Δ vs {r}" for r in AGAINST) + " | kept: probe, mix |",
              "|---|" + "---:|" * (len(tasks) + len(AGAINST) + 1)]
-    for kind, recipe in [("finetune", r) for r in recipes] + [("baseline", "probe"), ("baseline", "composition")]:
+    probes = [("baseline", "probe"), ("baseline", "composition")] + (
+        [("probe_layers", "probe_layers")] if any(k[0] == "probe_layers" for k in rows) else [])
+    for kind, recipe in [("finetune", r) for r in recipes] + probes:
         cells, deltas, kept = [], {r: [] for r in AGAINST}, []
         for t in tasks:
             values = {s: v for s in seeds if (v := test_value(rows, kind, recipe, t, s)) is not None}
@@ -198,17 +213,20 @@ def render(rows: dict[tuple, dict]) -> list[str]:
 def gate_outcome(rows, task: str, seed: int, threshold: float,
                  recipe: str = GATE_RECIPES[0]) -> tuple[float, float, bool] | None:
     """What ``recipe``'s run on ``task`` at ``seed`` would have ended with under min_confidence
-    ``threshold``: (its test value, the probe's, the probe kept).  The gate acts after training, so one
-    run at min_confidence 0 gives every threshold: the fine-tuned candidate kept when its confidence is
-    at least the threshold, else the probe, whose test value is the baseline row's (the same fit for
-    per-protein tasks).  None: a row missing."""
+    ``threshold``: (its test value, the baseline probe's, the run's own probe kept).  The gate acts after
+    training, so one run at min_confidence 0 gives every threshold: the fine-tuned candidate kept when its
+    confidence is at least the threshold, else the run's own probe, whose test value is the baseline row's
+    (the same fit for per-protein tasks; where pooling=auto chose every layer, the probe_layers row's).  The
+    baseline probe is the last layer's mean (embed's default), whichever the run fitted.  None: a row missing."""
     row, probe = rows.get(("finetune", recipe, task, seed)), test_value(rows, "baseline", "probe", task, seed)
-    if row is None or probe is None:
+    layers = row is not None and (row.get("pooling") or {}).get("chosen") == "layers"  # pooling=auto's probe
+    own = test_value(rows, "probe_layers", "probe_layers", task, seed) if layers else probe
+    if row is None or probe is None or own is None:
         return None
     confidence = row["selection"].get("confidence")
     if confidence is None or confidence >= threshold:  # None: the probe was kept on its own
         return test_value(rows, "finetune", recipe, task, seed), probe, row["selection"]["kept"] == "probe"
-    return probe, probe, True
+    return own, probe, True
 
 
 def render_gate(rows: dict[tuple, dict]) -> list[str]:
@@ -246,8 +264,9 @@ def render_gate(rows: dict[tuple, dict]) -> list[str]:
 
 
 def test_value(rows, kind: str, recipe: str, task: str, seed: int) -> float | None:
-    """The headline test metric of a fine-tuning run (kind "finetune") or of a baseline row's probe or
-    composition (kind "baseline", recipe "probe" | "composition"); None: not run."""
+    """The headline test metric of a fine-tuning run (kind "finetune"), of a baseline row's probe or
+    composition (kind "baseline", recipe "probe" | "composition") or of the every-layer probe (kind and recipe
+    "probe_layers": :func:`layers_baseline`); None: not run."""
     row = rows.get((kind, recipe, task, seed) if kind == "finetune" else (kind, None, task, seed))
     return None if row is None else headline(downstream.TASKS[task][0], row["test" if kind == "finetune" else recipe])
 
@@ -262,11 +281,17 @@ def study(a) -> None:
     if a.final:  # the recipe kept, on the tasks nobody chose a setting on
         parts += [(seed, recipe, task) for seed in (0, 1) for recipe in (None, a.final)
                   for task in downstream.OUT_OF_SAMPLE]
+    # pooling=auto's other probe, where a pooling_auto run chose it (the gate's fallback)
+    parts += [(seed, "probe_layers", task) for seed in (0, 1) for task in (*STUDY_TASKS, *downstream.OUT_OF_SAMPLE)
+              if (read_rows(a.raw).get(("finetune", "pooling_auto", task, seed), {}).get("pooling") or {})
+              .get("chosen") == "layers"]
     for seed, recipe, task in parts:
-        if (("baseline", None) if recipe is None else ("finetune", recipe)) + (task, seed) in read_rows(a.raw):
+        what = "baseline" if recipe is None else "probe_layers" if recipe == "probe_layers" else "run"
+        if ({"baseline": ("baseline", None), "probe_layers": ("probe_layers", None)}.get(what, ("finetune", recipe))
+                + (task, seed)) in read_rows(a.raw):
             continue
-        cmd = [sys.executable, __file__, "baseline" if recipe is None else "run", "--ckpt", a.ckpt,
-               "--task", task, "--seed", str(seed), "--raw", str(a.raw)] + (["--recipe", recipe] if recipe else [])
+        cmd = [sys.executable, __file__, what, "--ckpt", a.ckpt, "--task", task, "--seed", str(seed),
+               "--raw", str(a.raw)] + (["--recipe", recipe] if what == "run" else [])
         subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
     publish(read_rows(a.raw), a.doc)
 
@@ -279,7 +304,7 @@ def publish(rows: dict[tuple, dict], doc) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["run", "baseline", "render", "study"])
+    ap.add_argument("what", choices=["run", "baseline", "probe_layers", "render", "study"])
     ap.add_argument("--ckpt")
     ap.add_argument("--recipe", choices=list(RECIPES), default="base")
     ap.add_argument("--task", choices=list(downstream.TASKS))
@@ -296,8 +321,8 @@ def main(argv=None) -> None:
     if not a.ckpt or not a.task:
         ap.error(f"{a.what} needs --ckpt" + (" and --task" if a.what != "study" else ""))
     start = time.perf_counter()
-    result = finetune_run(a) if a.what == "run" else baseline(a)
-    row = {"kind": "finetune" if a.what == "run" else "baseline", "recipe": a.recipe if a.what == "run" else None,
+    result = {"run": finetune_run, "baseline": baseline, "probe_layers": layers_baseline}[a.what](a)
+    row = {"kind": "finetune" if a.what == "run" else a.what, "recipe": a.recipe if a.what == "run" else None,
            "task": a.task, "seed": a.seed, "commit": common.git_commit(), "ckpt": a.ckpt,
            "seconds": round(time.perf_counter() - start, 1), **result}
     append_row(row, a.raw)

@@ -57,7 +57,7 @@ def test_the_default_ensemble_predicts_the_mean_of_the_epochs_and_the_probes_pro
     rows, labels = rich_or_poor(tmp_path, 200, seed=10)
     out = tmp_path / "out"
     FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
-                min_confidence=0, epoch_confidence=1.0, max_tokens=1200,
+                min_confidence=0, epoch_confidence=1.0, max_tokens=1200, pooling="mean",
                 trainer={"max_epochs": 3, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
     m = json.loads((out / "metrics.json").read_text())
     meta = json.loads((out / "finetune.json").read_text())

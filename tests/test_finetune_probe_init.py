@@ -149,7 +149,7 @@ def test_a_finetune_that_cannot_improve_keeps_the_probe(ckpt, tmp_path, capsys, 
     out = tmp_path / "out"
     code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                 f"output_dir={out}", f"head_init={head_init}", f"lr={rates[0]}",
-                                f"head_lr={rates[1]}", "weight_decay=0", "dropout=0.0",
+                                f"head_lr={rates[1]}", "weight_decay=0", "dropout=0.0", "pooling=mean",
                                 "trainer.max_epochs=2", "max_tokens=1200")
     assert code == 0, err
     m = json.loads((out / "metrics.json").read_text())
@@ -286,7 +286,7 @@ def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_wei
     rows, labels = rich_or_poor(tmp_path, 200, seed=10)  # a seed where a mix ranks first
     out = tmp_path / "out"
     FT.finetune(ckpt[1], labels, "classification", out, lr=3e-3, head_lr=1e-2, dropout=0.0, patience=10,
-                interpolate=True, min_confidence=0, ensemble=1.0, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
+                pooling="mean", interpolate=True, min_confidence=0, ensemble=1.0, max_tokens=1200, trainer={"max_epochs": 4, "enable_progress_bar": False}, progress_every=None,
                 progress_seconds=None)
     m = json.loads((out / "metrics.json").read_text())
     cands = m["selection"]["candidates"]

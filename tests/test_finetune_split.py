@@ -22,7 +22,7 @@ MODEL = dict(dim=32, depth=2, heads=2, dropout=0.0, position="rotary", rotary_ba
              attention=dict(kernel="softmax", nb_features=16, local_heads=0))
 #: what each case gives finetune besides ckpt, labels, task and output_dir: a few steps each
 FAST = dict(lr=3e-3, head_lr=1e-2, max_tokens=600, patience=30, stop_on="loss", interpolate=False, min_confidence=0,
-            ensemble=1.0,
+            ensemble=1.0, pooling="mean",
             progress_every=None, progress_seconds=None,
             trainer={"max_epochs": 3, "max_steps": 6, "enable_progress_bar": False})
 CASES = {

@@ -57,7 +57,7 @@ POOLING_CONFIDENCE = 0.9
 RESIDUE_WINDOW = 7
 
 
-def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels=None, pooling: str = "mean",
+def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels=None, pooling: str = "auto",
              freeze="none", dropout: float = 0.0, lr: float = 1e-4, head_lr: float = 1e-3,
              weight_decay: float = 0.01, max_tokens: int = 8192, patience: int = 3, valid_fraction: float = 0.1,
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
