@@ -307,11 +307,13 @@ def headline(task: str, m: dict | None) -> str:
 
 
 def kept(ft: dict | None) -> str:
-    """Which weights finetune kept, and the best epoch's confidence over the probe: 'epoch 3 (0.990)'."""
+    """Which weights finetune kept, the best epoch's confidence over the probe, and pooling=auto's choice:
+    'epoch 3 (0.990); layers'."""
     if not ft or "selection" not in ft:
         return "–"
-    sel = ft["selection"]
-    return sel["kept"] + (f" ({sel['confidence']:.3f})" if sel.get("confidence") is not None else "")
+    sel, pooled = ft["selection"], (ft.get("pooling") or {}).get("chosen")
+    return (sel["kept"] + (f" ({sel['confidence']:.3f})" if sel.get("confidence") is not None else "")
+            + (f"; {pooled}" if pooled else ""))
 
 
 def epochs_note(meta: dict, tasks) -> str:
@@ -334,7 +336,7 @@ def render(results: dict, command: str, raw: Path = RAW) -> str:
              + epochs_note(meta, tasks) + ", to keep the run short on "
              "2 CPU cores: the figures are what this budget buys, not the model's ceiling.", "",
              "| task | metric | fine-tuned | " + ("LoRA | " if meta["lora"] else "") +
-             "linear probe (last layer; ss3: with its window) | composition | constant | fine-tune time | kept (confidence) |",
+             "linear probe (last layer; ss3: with its window) | composition | constant | fine-tune time | kept (confidence); pooling=auto's choice |",
              "|---|---|---:|" + ("---:|" if meta["lora"] else "") + "---:|---:|---:|---:|---|"]
     for name, r in tasks.items():
         task = r["task"]

@@ -87,3 +87,5 @@ def test_downstream_kept_column_names_the_weights_and_their_confidence():
     assert downstream.kept({"selection": {"kept": "probe", "confidence": 0.896}}) == "probe (0.896)"
     assert downstream.kept({"selection": {"kept": "probe"}}) == "probe"
     assert downstream.kept(None) == "–" and downstream.kept({"accuracy": 0.9}) == "–"
+    # pooling=auto's choice after it
+    assert downstream.kept({"selection": {"kept": "probe"}, "pooling": {"chosen": "layers"}}) == "probe; layers"
