@@ -282,18 +282,18 @@ def study(a) -> None:
     if a.final:  # the recipe kept, on the tasks nobody chose a setting on
         parts += [(seed, recipe, task) for seed in (0, 1) for recipe in (None, a.final)
                   for task in downstream.OUT_OF_SAMPLE]
-    # pooling=auto's other probe, where a pooling_auto run chose it (the gate's fallback)
-    parts += [(seed, "probe_layers", task) for seed in (0, 1) for task in (*STUDY_TASKS, *downstream.OUT_OF_SAMPLE)
-              if (read_rows(a.raw).get(("finetune", "pooling_auto", task, seed), {}).get("pooling") or {})
-              .get("chosen") == "layers"]
-    for seed, recipe, task in parts:
-        what = "baseline" if recipe is None else "probe_layers" if recipe == "probe_layers" else "run"
-        if ({"baseline": ("baseline", None), "probe_layers": ("probe_layers", None)}.get(what, ("finetune", recipe))
-                + (task, seed)) in read_rows(a.raw):
-            continue
-        cmd = [sys.executable, __file__, what, "--ckpt", a.ckpt, "--task", task, "--seed", str(seed),
-               "--raw", str(a.raw)] + (["--recipe", recipe] if what == "run" else [])
-        subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
+    for _ in range(2):  # then pooling=auto's other probe, where a pooling_auto run (this one's too) chose it
+        for seed, recipe, task in parts:
+            what = "baseline" if recipe is None else "probe_layers" if recipe == "probe_layers" else "run"
+            if ({"baseline": ("baseline", None), "probe_layers": ("probe_layers", None)}.get(what, ("finetune", recipe))
+                    + (task, seed)) in read_rows(a.raw):
+                continue
+            cmd = [sys.executable, __file__, what, "--ckpt", a.ckpt, "--task", task, "--seed", str(seed),
+                   "--raw", str(a.raw)] + (["--recipe", recipe] if what == "run" else [])
+            subprocess.run((["flock", a.lock] if a.lock else []) + cmd, check=True)
+        rows = read_rows(a.raw)
+        parts = [(seed, "probe_layers", task) for seed in (0, 1) for task in (*STUDY_TASKS, *downstream.OUT_OF_SAMPLE)
+                 if (rows.get(("finetune", "pooling_auto", task, seed), {}).get("pooling") or {}).get("chosen") == "layers"]
     publish(read_rows(a.raw), a.doc)
 
 

@@ -34,7 +34,7 @@ def test_the_choice_is_the_higher_probe_on_validation_by_hand(ckpt, tmp_path, mi
     encoder = ckpt[0].model.encoder
     torch.manual_seed(0)
     net = FineTuneNet(encoder, "classification", 2, "layers", dropout=0.0).eval()
-    chosen, summary, (X, y) = choose_pooling(net, data, 1200, (0.0, 1.0), "accuracy", min_confidence, seed=0)
+    chosen, summary, (X, y, _) = choose_pooling(net, data, 1200, (0.0, 1.0), "accuracy", min_confidence, seed=0)
 
     dim, depth = encoder.config.dim, encoder.depth
     ref = {name: reference_features(encoder, [r[1] for r in part[name]], layers=True) for name in part}

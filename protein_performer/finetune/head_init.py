@@ -66,18 +66,18 @@ def fit_probe(X: np.ndarray, target: np.ndarray, task: str, seed: int = 0):
 
 
 def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tuple[float, float],
-                    seed: int = 0, features: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+                    seed: int = 0, features: tuple | None = None) -> dict:
     """Start the head where a linear probe ends (LP-FT, Kumar et al. 2022: fine-tuning from a
     probed head keeps what the pretrained features hold, where a random head first distorts them):
     :func:`fit_probe` on the frozen encoder's features of the training split (``features``: those
-    already computed, as :func:`frozen_features` gives them), folded into the head's linear layer, so
+    already computed, as :func:`frozen_features` gives them, and the probe fitted on them or None), folded into the head's linear layer, so
     the untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
     mean (its scores zero).  Returns what was fitted (C or alpha, the examples' count), or None
     when a class is too rare for the cross-validation (the head then stays random)."""
-    X, y = frozen_features(net, data, max_tokens, seed) if features is None else features
+    X, y, pipe = (*frozen_features(net, data, max_tokens, seed), None) if features is None else features
     task = "regression" if net.task == "regression" else "classification"
     target = (y - scale[0]) / scale[1] if task == "regression" else y.astype(int)
-    pipe = fit_probe(X, target, task, seed)
+    pipe = fit_probe(X, target, task, seed) if pipe is None else pipe
     if pipe is None:
         log.warning("head_init=probe: a class has fewer than 2 training examples, too few for the probe's "
                     "cross-validation; the head starts random")

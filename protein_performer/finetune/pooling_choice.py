@@ -41,15 +41,15 @@ def _validated(pipe, X: np.ndarray, y: np.ndarray, task: str, outputs: int) -> V
 def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, scale: tuple[float, float],
                    select_by: str, min_confidence: float, seed: int = 0):
     """``net`` (an every-layer head: pooling=layers) -> (the pooling chosen, what metrics.json says of the
-    choice, the chosen features of the training split as :func:`~.head_init.frozen_features` gives them, for
-    the head's probe).  The validation metric is ``select_by`` (the task's own where it is ``loss``)."""
+    choice, (the chosen features of the training split as :func:`~.head_init.frozen_features` gives them,
+    their targets, the probe fitted on them, or None): the head's probe, not fitted twice).  The validation metric is ``select_by`` (the task's own where it is ``loss``)."""
     by = SELECT_BY[net.task][0] if select_by == "loss" else select_by
     dim, outputs = net.encoder.config.dim, net.head.out.out_features
     X, y = frozen_features(net, data["train"], max_tokens, seed)
     if not len(data["valid"]):
         log.warning("pooling=auto: no validation proteins to choose on; the head reads the last layer's mean")
         return "mean", {"requested": "auto", "chosen": "mean", "by": by, "reason": "no validation split"}, \
-            (X[:, X.shape[1] - dim:], y)
+            (X[:, X.shape[1] - dim:], y, None)
     Xv, yv = frozen_features(net, data["valid"], max_tokens, seed)
     task = "regression" if net.task == "regression" else "classification"
     target = (lambda t: (t - scale[0]) / scale[1]) if task == "regression" else (lambda t: t.astype(int))
@@ -59,7 +59,7 @@ def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, 
         fitted[name] = fit_probe(X[:, columns[name]], target(y), task, seed)
         if fitted[name] is None:  # a class too rare for the probe's cross-validation: nothing to weigh
             return "mean", {"requested": "auto", "chosen": "mean", "by": by, "reason": "a class too rare for a "
-                            "probe"}, (X[:, columns["mean"]], y)
+                            "probe"}, (X[:, columns["mean"]], y, None)
         validated[name] = _validated(fitted[name], Xv[:, columns[name]], target(yv), task, outputs)
         scores[name] = selection_metric(net.task, by, validated[name].outputs, validated[name].targets)
     confidence = bootstrap_confidence(net.task, by, validated["mean"], validated["layers"], seed)
@@ -69,4 +69,4 @@ def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, 
              100 * confidence, 100 * min_confidence)
     summary = {"requested": "auto", "chosen": chosen, "by": by, "split": "valid", "probe": scores,
                "layers_over_mean": confidence, "min_confidence": float(min_confidence)}
-    return chosen, summary, (X[:, columns[chosen]], y)
+    return chosen, summary, (X[:, columns[chosen]], y, fitted[chosen])
