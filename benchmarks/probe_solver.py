@@ -1,15 +1,18 @@
 #!/usr/bin/env python
-"""The logistic-regression probe's solver, timed: Newton-CG (``probe.SOLVER``) against Newton-Cholesky
-(the solver before), side by side on the same features in one run.
+"""The logistic-regression probe's two solvers, timed side by side on the same features in one run:
+Newton-Cholesky and Newton-CG, between which ``probe.SOLVER`` ("auto", ``probe.solver_for``) picks by the
+rows per coefficient.
 
-    python benchmarks/probe_solver.py --ckpt CKPT [--tasks signalp scop family] [--seeds 0] [--features last layers]
+    python benchmarks/probe_solver.py --ckpt CKPT [--tasks signalp scop family ss3] [--seeds 0] [--features last layers]
 
 Why: finetune fits this probe before every run (its baseline, LP-FT start and ensemble member), and an
 every-layer probe (640 features) on a 12-class task took Newton-Cholesky 13 min, most of a 20-minute
 budget: its Hessian is (classes x features)^2.  Newton-CG takes Newton's steps through Hessian-vector
-products.  Per task, seed and feature set (probe_features.py's: the last layer's mean, or every
-layer's): each solver's fit time (C by 3-fold CV, then the refit), the C it chose, its test accuracy,
-and the largest gap between the two solvers' test probabilities.  Table: docs/probe_solver.md.
+products, and lost on the per-residue probe (many rows, 3 classes).  Per task, seed and feature set (probe_features.py's: the last layer's mean, or every
+layer's; ss3, per residue: finetune's per-residue probe, on a seeded sample of training residues, of the
+last layer's state alone and beside the mean of those within the head's window): each solver's fit time
+(C by 3-fold CV, then the refit), the C it chose, its test accuracy, and the largest gap between the two
+solvers' test probabilities, and the solver "auto" picks there.  Table: docs/probe_solver.md.
 """
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, probe_features  # noqa: E402
+from benchmarks import common, downstream, probe_features, recipes  # noqa: E402
 
 DOC = common.DOCS / "probe_solver.md"
-TASKS = ("signalp", "scop", "family")                      # the classification tasks; ridge has no solver
+TASKS = ("signalp", "scop", "family", "ss3")               # the classification tasks; ridge has no solver
+#: ss3's feature sets (per residue) in place of --features: the last layer's state, and beside its window's mean
+RESIDUE_FEATURES = ("residue", "window")
 SOLVERS = ("newton-cholesky", "newton-cg")
 
 
@@ -43,17 +48,37 @@ def fit(solver: str, X_train, y_train, X_test, seed: int):
     return seconds, float(np.ravel(pipe[-1].C_)[0]), pipe.predict_proba(X_test), pipe.predict(X_test)
 
 
+def residue_task(loaded, seed: int):
+    """ss3 as downstream.py's per-residue probes see it, on finetune's count of sampled training residues
+    (:data:`head_init.PROBE_RESIDUES`) and every residue of the test proteins: ({part: labels},
+    {part: {feature set: (residues, D)}})."""
+    from protein_performer.finetune.head_init import PROBE_RESIDUES
+    _, ex, chosen, _ = downstream.load_task("ss3", recipes.SIZES["ss3"], seed)
+    keep, y_tr, y_te = downstream.residue_sample(ex, chosen["train"], chosen["test"], PROBE_RESIDUES, seed)
+    depth, sets = loaded.net.depth, {}
+    for part, k in (("train", keep), ("test", None)):
+        f = downstream.residue_features(loaded, [ex.seqs[i] for i in chosen[part]], depth, k)
+        sets[part] = {"residue": f["per_residue", depth], "window": f["window", depth]}
+    return {"train": y_tr, "test": y_te}, sets
+
+
 def run(name: str, loaded, seed: int, features: list[str]) -> list[list]:
     import numpy as np
-    _, _, y, sets, _, _ = probe_features.task_features(name, loaded, seed)
+
+    from protein_performer.probe import solver_for
+    if name == "ss3":
+        (y, sets), features = residue_task(loaded, seed), RESIDUE_FEATURES
+    else:
+        _, _, y, sets, _, _ = probe_features.task_features(name, loaded, seed)
     rows = []
     for fs in features:
         X_tr, X_te = sets["train"][fs], sets["test"][fs]
         got = {s: fit(s, X_tr, y["train"], X_te, seed) for s in SOLVERS}
         (t_old, c_old, p_old, y_old), (t_new, c_new, p_new, y_new) = got[SOLVERS[0]], got[SOLVERS[1]]
-        row = [name, seed, f"{fs} ({X_tr.shape[1]})", f"{t_old:.1f}", f"{t_new:.1f}", f"{t_old / t_new:.1f}x",
-               f"{c_old:g} / {c_new:g}", f"{np.mean(y_old == y['test']):.4f} / {np.mean(y_new == y['test']):.4f}",
-               f"{np.abs(p_old - p_new).max():.4f}"]
+        auto = solver_for(*X_tr.shape, len(np.unique(y["train"])))
+        row = [name, seed, f"{fs} ({X_tr.shape[1]})", len(X_tr), f"{t_old:.1f}", f"{t_new:.1f}", f"{t_old / t_new:.1f}x",
+               auto, f"{c_old:g} / {c_new:g}",
+               f"{np.mean(y_old == y['test']):.4f} / {np.mean(y_new == y['test']):.4f}", f"{np.abs(p_old - p_new).max():.4f}"]
         print(common.md_row(row), flush=True)
         rows.append(row)
     return rows
@@ -70,19 +95,22 @@ def main() -> None:
     import torch
 
     from protein_performer.hub.load import load_model
-    from protein_performer.probe import TOL
+    from protein_performer.probe import ROWS_PER_COEF, TOL
     start, loaded = time.perf_counter(), load_model(args.ckpt)
     rows = [r for n in args.tasks for s in args.seeds for r in run(n, loaded, s, args.features)]
-    head = ["task", "seed", "features (dim)", f"{SOLVERS[0]} s", f"{SOLVERS[1]} s", "speed-up", "C chosen",
+    head = ["task", "seed", "features (dim)", "rows", f"{SOLVERS[0]} s", f"{SOLVERS[1]} s", "speed-up", "auto picks", "C chosen",
             "test accuracy", "max |Δ probability|"]
     lines = ["# The probe's solver", "",
              f"Generated by `{common.command_line(__file__)}` at commit {common.git_commit()} on "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({common.cpu()}, {torch.get_num_threads()} "
              f"threads); whole run {(time.perf_counter() - start) / 60:.1f} min. Model: `{args.ckpt}`.", "",
              "`probe`'s pipeline (standardize, logistic regression with C by 3-fold cross-validation over 7 values, "
-             "then the refit) on each task's seeded training subsample (probe_features.py's), fitted by each solver "
+             "then the refit) on each task's seeded training subsample (probe_features.py's; ss3: the state of each of "
+             "a seeded sample of training residues, alone (`residue`) and beside the mean of those within 7 "
+             "residues (`window`, downstream.py's)), fitted by each solver "
              f"in turn on the same features, both at the stopping tolerance {TOL:g}. Pairs read Newton-Cholesky / "
-             "Newton-CG. Seconds: one fit each, on a shared machine.", "", *common.md_table(head, rows)]
+             "Newton-CG. Seconds: one fit each, on a shared machine. auto picks: `probe.SOLVER`'s choice on these "
+             f"rows (Newton-Cholesky from {ROWS_PER_COEF} rows per coefficient, classes x features, one column when binary).", "", *common.md_table(head, rows)]
     common.write_doc(args.doc, "\n".join(lines), keep_below=True)
     print("\n".join(lines))
 

@@ -115,7 +115,7 @@ REFERENCE = json.loads((Path(__file__).parent / "fixtures" / "finetune_split_ref
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_split_package_gives_the_pre_split_results(name, ckpt, tmp_path, monkeypatch):
-    # the reference's probes were fitted by the solver of then (probe.SOLVER is Newton-CG since: a few 1e-5 apart)
+    # the reference's probes were fitted by the solver of then (probe.SOLVER picks by shape since: a few 1e-5 apart)
     monkeypatch.setattr("protein_performer.probe.SOLVER", "newton-cholesky")
     monkeypatch.setattr("protein_performer.probe.TOL", 1e-4)
     same(run_case(ckpt, tmp_path, name), REFERENCE[name], name)

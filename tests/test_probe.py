@@ -207,15 +207,36 @@ def test_a_rare_class_is_one_plain_warning_and_no_sklearn_repeats(caplog):
 
 @pytest.mark.parametrize("classes", [2, 5])
 def test_the_probes_solver_reaches_newton_choleskys_optimum(classes):
-    """make_probe's Newton-CG (Hessian-vector products: fast on wide multiclass features) and scikit-learn's
-    Newton-Cholesky (the explicit Hessian) minimize the same penalized log-loss: same C, same probabilities."""
+    """Newton-CG (Hessian-vector products: fast on wide multiclass features), which the probe's "auto" takes on
+    these 200 rows, and scikit-learn's Newton-Cholesky (the explicit Hessian) minimize the same penalized
+    log-loss: same C, same probabilities."""
     from protein_performer.probe import SOLVER, make_probe
     rng = np.random.default_rng(classes)
     X = rng.normal(size=(300, 40))
     y = np.argmax(X[:, :classes] + 0.8 * rng.normal(size=(300, classes)), 1)  # the first dims carry the class
     fast = make_probe("classification", 3, 0).fit(X[:200], y[:200])
     ref = make_probe("classification", 3, 0, solver="newton-cholesky").fit(X[:200], y[:200])
-    assert SOLVER == "newton-cg" and fast[-1].solver == SOLVER
+    assert SOLVER == "auto" and fast[-1].solver == "auto" and fast[-1].solver_ == "newton-cg"
+    assert ref[-1].solver_ == "newton-cholesky"
     assert float(np.ravel(fast[-1].C_)[0]) == float(np.ravel(ref[-1].C_)[0])
     np.testing.assert_allclose(fast.predict_proba(X[200:]), ref.predict_proba(X[200:]), atol=2e-3)
     assert np.mean(fast.predict(X[200:]) == y[200:]) > 1.5 / classes  # it learned: well above chance
+
+
+def test_the_probes_solver_follows_rows_per_coefficient():
+    """solver_for by hand: Newton-Cholesky from 20 rows per coefficient (features x classes; one column when
+    binary), Newton-CG below; "auto" fitted on many rows of few features is Newton-Cholesky's fit exactly."""
+    from protein_performer.probe import ROWS_PER_COEF, make_probe, solver_for
+    assert ROWS_PER_COEF == 20
+    assert solver_for(2000, 100, 2) == "newton-cholesky" and solver_for(2000, 101, 2) == "newton-cg"
+    assert solver_for(20000, 256, 3) == "newton-cholesky"            # ss3's per-residue probe: 15,360 <= 20,000
+    assert solver_for(2000, 640, 12) == "newton-cg" and solver_for(2000, 128, 7) == "newton-cg"
+    assert solver_for(300, 5, 3) == "newton-cholesky" and solver_for(299, 5, 3) == "newton-cg"
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 5))
+    y = np.argmax(X[:, :3] + rng.normal(size=(600, 3)), 1)
+    auto = make_probe("classification", 3, 0).fit(X, y)
+    ref = make_probe("classification", 3, 0, solver="newton-cholesky").fit(X, y)
+    assert auto[-1].solver_ == "newton-cholesky" and auto[-1].get_params()["solver"] == "auto"
+    np.testing.assert_array_equal(auto[-1].coef_, ref[-1].coef_)
+    assert np.mean(auto.predict(X) == y) > 0.5                       # three classes: chance is about 1/3
