@@ -276,9 +276,9 @@ ROWS_PER_COEF = 20
 def solver_for(rows: int, features: int, classes: int) -> str:
     """Newton's steps either way (lbfgs needed thousands of iterations on 7 classes).  Newton-Cholesky
     forms the Hessian, (classes x features)^2 entries from every row, which pays where rows are many
-    and the probe narrow (ss3 per residue: 20,000 residues, 3 classes, 256 features: 18 s against
-    Newton-CG's 44 s); Newton-CG takes Hessian-vector products, so a wide multiclass probe never
-    forms it (family: 2,000 proteins, 12 classes, 640 features: 12.5 s against 710 s;
+    and the probe narrow (ss3 per residue: 20,000 residues, 3 classes, 256 features: 22 s against
+    Newton-CG's 46 s); Newton-CG takes Hessian-vector products, so a wide multiclass probe never
+    forms it (family: 2,000 proteins, 12 classes, 640 features: 22 s against 758 s;
     docs/probe_solver.md)."""
     coefs = features * (classes if classes > 2 else 1)   # binary: one column
     return "newton-cholesky" if rows >= ROWS_PER_COEF * coefs else "newton-cg"
