@@ -137,7 +137,10 @@ def test_train_into_a_file_prints_lines_never_a_carriage_return(tmp_path, small_
 
 
 # --- finetune: a line per epoch -------------------------------------------------------------------
-def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_eta(tmp_path, capsys):
+def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_eta(tmp_path, capsys, monkeypatch):
+    import logging
+
+    from protein_performer.training.quiet import DROPPED_LOG_LINES, LIGHTNING_LOGGERS
     torch.manual_seed(0)
     from protein_performer.training.task import ProteinLM
     ckpt = save_checkpoint(ProteinLM(model=TINY_MODEL, objective="mlm").eval(), tmp_path / "mlm.ckpt")
@@ -148,6 +151,13 @@ def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_et
         for k in range(40):
             seq = "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(rng.randint(20, 30)))
             fh.write(f"p{k},{seq},{'ab'[k % 2]},{('train', 'train', 'valid', 'test')[k % 4]}\n")
+    lightning = logging.getLogger(LIGHTNING_LOGGERS[0])   # Lightning's lines, from finetune's Trainer alone
+    monkeypatch.setattr(lightning, "filters", [])  # as in a fresh process: no command has quietened it yet
+    monkeypatch.setattr(lightning, "level", logging.INFO)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    monkeypatch.setattr(lightning, "handlers", [*lightning.handlers, handler])  # undone after the test
     code, out, err = run_command("finetune", capsys, f"ckpt={ckpt}", f"labels={labels}", "task=classification",
                                  f"output_dir={tmp_path / 'out'}", "trainer.max_epochs=3", "patience=10",
                                  "max_tokens=2000")
@@ -166,6 +176,9 @@ def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_et
         assert float(m[2]) == pytest.approx(chosen_by[f"epoch {k}"]["loss"], abs=5e-5)
     assert "ETA 0:00" in epochs[-1]
     assert metrics["epochs"] >= 1
+    # Lightning's own lines reach the log, less its tips and notices (training.quiet)
+    assert any("GPU available" in m for m in seen), seen
+    assert not [m for m in seen if any(d in m for d in DROPPED_LOG_LINES)], seen
 
 
 # --- a loop of its own: evaluate, stderr not a terminal -------------------------------------------

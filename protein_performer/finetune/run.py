@@ -21,6 +21,7 @@ from ..output_guard import OutputGuard
 from ..probe import check_classes, check_test_overlap
 from ..tokenizer import Tokenizer
 from ..training.progress import check_progress, lightning_progress
+from ..training.quiet import quiet_libraries
 from .batches import Encoded, _loader
 from .confidence import bootstrap_confidence
 from .head_init import probe_head_init
@@ -108,6 +109,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
     module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
+    quiet_libraries()
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
         try:
             fit = pl.Trainer(default_root_dir=root, **settings)
