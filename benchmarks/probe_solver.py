@@ -65,7 +65,7 @@ def residue_task(loaded, seed: int):
 def run(name: str, loaded, seed: int, features: list[str]) -> list[list]:
     import numpy as np
 
-    from protein_performer.probe import solver_for
+    from protein_performer.probe_solver import solver_for
     if name == "ss3":
         (y, sets), features = residue_task(loaded, seed), RESIDUE_FEATURES
     else:
@@ -95,7 +95,8 @@ def main() -> None:
     import torch
 
     from protein_performer.hub.load import load_model
-    from protein_performer.probe import ROWS_PER_COEF, TOL
+    from protein_performer.probe import TOL
+    from protein_performer.probe_solver import ROWS_PER_COEF
     start, loaded = time.perf_counter(), load_model(args.ckpt)
     rows = [r for n in args.tasks for s in args.seeds for r in run(n, loaded, s, args.features)]
     head = ["task", "seed", "features (dim)", "rows", f"{SOLVERS[0]} s", f"{SOLVERS[1]} s", f"{SOLVERS[1]} speed-up", "auto picks", "C chosen",

@@ -3,8 +3,8 @@
 
     python benchmarks/stability_split.py
 
-Counts, for the validation and test sequences, those one substitution away from a training sequence,
-and groups the test sequences into clusters linked by single substitutions (union-find over the
+Counts, for the validation and test sequences, those identical to a training sequence and those one
+substitution away from one, and groups the test sequences into clusters linked by single substitutions (union-find over the
 sequences that share all but one position).  The bundled files are ProteinBERT's copy of TAPE's
 splits (data/labeled/README.md).  Prints a table; docs/downstream.md cites it.
 """
@@ -42,9 +42,12 @@ def by_mask(seqs: list[str]) -> dict[str, set[str]]:
     return index
 
 
-def neighbours_in(seqs: list[str], index: dict[str, set[str]]) -> int:
-    """How many of ``seqs`` are one substitution from a sequence of ``index``."""
-    return sum(any(index.get(m, set()) - {q} for m in masks(q)) for q in seqs)
+def near_training(seqs: list[str], train: set[str], index: dict[str, set[str]]) -> tuple[int, int]:
+    """How many of ``seqs`` stand by the training sequences ``train`` (``index``: by_mask of them):
+    (identical to one, one substitution from one and identical to none)."""
+    same = sum(q in train for q in seqs)
+    one = sum(q not in train and any(index.get(m) for m in masks(q)) for q in seqs)
+    return same, one
 
 
 def clusters(seqs: list[str]) -> Counter:
@@ -66,15 +69,16 @@ def clusters(seqs: list[str]) -> Counter:
 
 def main() -> None:
     seqs = {s: read(p) for s, p in FILES.items()}
-    train = by_mask(seqs["train"])
+    train, index = set(seqs["train"]), by_mask(seqs["train"])
     rows = []
     for s in ("valid", "test"):
-        near = neighbours_in(seqs[s], train)
+        same, one = near_training(seqs[s], train, index)
         sizes = sorted(clusters(seqs[s]).values(), reverse=True)
-        rows.append([s, f"{len(seqs[s]):,}", f"{near:,} ({near / len(seqs[s]):.1%})", f"{len(sizes):,}",
-                     ", ".join(map(str, sizes[:5]))])
-    print("\n".join(common.md_table(["split", "sequences", "one substitution from a training sequence",
-                                     "clusters (single-substitution links)", "largest clusters"], rows)))
+        rows.append([s, f"{len(seqs[s]):,}", f"{same:,}", f"{one:,} ({one / len(seqs[s]):.1%})", f"{len(sizes):,}",
+                     f"{sizes[0]:,} to {sizes[-1]:,}"])
+    print("\n".join(common.md_table(["split", "sequences", "identical to a training sequence",
+                                     "one substitution from one", "clusters (single-substitution links)",
+                                     "cluster sizes"], rows)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the id ``scripts/embed.py`` gives CSV rows without ids.
 from __future__ import annotations
 
 import csv
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -265,43 +264,11 @@ def detect_task(labels: Sequence[str], max_classes: int = 20) -> str:
 
 
 # --- the probe ---------------------------------------------------------------------------
-#: the logistic-regression probe's solver: "auto" is :func:`solver_for` at fit time (benchmarks/probe_solver.py
-#: times both); its stopping tolerance (the gradient's largest entry): scikit-learn's 1e-4 stops Newton-CG a few
-#: 1e-3 of a probability short of Newton-Cholesky's optimum; 1e-5 reaches it on family's 640 features
+#: the logistic-regression probe's solver ("auto": :func:`.probe_solver.solver_for` at fit time;
+#: benchmarks/probe_solver.py times both) and its stopping tolerance (the gradient's largest entry):
+#: scikit-learn's 1e-4 stops Newton-CG a few 1e-3 of a probability short of Newton-Cholesky's optimum;
+#: 1e-5 reaches it on family's 640 features
 SOLVER, TOL = "auto", 1e-5
-#: Newton-Cholesky only where the rows outnumber the coefficients this many to one (:func:`solver_for`)
-ROWS_PER_COEF = 20
-
-
-def solver_for(rows: int, features: int, classes: int) -> str:
-    """Newton's steps either way (lbfgs needed thousands of iterations on 7 classes).  Newton-Cholesky
-    forms the Hessian, (classes x features)^2 entries from every row, which pays where rows are many
-    and the probe narrow (ss3 per residue: 20,000 residues, 3 classes, 256 features: 22 s against
-    Newton-CG's 46 s); Newton-CG takes Hessian-vector products, so a wide multiclass probe never
-    forms it (family: 2,000 proteins, 12 classes, 640 features: 22 s against 758 s;
-    docs/probe_solver.md)."""
-    coefs = features * (classes if classes > 2 else 1)   # binary: one column
-    return "newton-cholesky" if rows >= ROWS_PER_COEF * coefs else "newton-cg"
-
-
-@functools.cache
-def _logistic_cv():
-    """LogisticRegressionCV that resolves ``solver="auto"`` by :func:`solver_for` on the data it is
-    fitted on (the one used: ``solver_``); built on first use, so that importing this module does
-    not import scikit-learn (1 s at every command's start)."""
-    from sklearn.linear_model import LogisticRegressionCV
-
-    class ShapeSolvedLogisticRegressionCV(LogisticRegressionCV):
-        def fit(self, X, y, **params):
-            asked = self.solver
-            self.solver_ = solver_for(*np.shape(X), len(np.unique(y))) if asked == "auto" else asked
-            self.solver = self.solver_
-            try:
-                return super().fit(X, y, **params)
-            finally:
-                self.solver = asked
-
-    return ShapeSolvedLogisticRegressionCV
 
 
 def make_probe(task: str, folds: int = 5, seed: int = 0, solver: str | None = None):
@@ -311,10 +278,13 @@ def make_probe(task: str, folds: int = 5, seed: int = 0, solver: str | None = No
     from sklearn.model_selection import StratifiedKFold
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+
+    from .probe_solver import ShapeSolvedLogisticRegressionCV
     if task == "classification":
-        head = _logistic_cv()(Cs=np.logspace(-4, 2, 7), cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
-                              scoring="neg_log_loss", solver=solver or SOLVER, max_iter=100, tol=TOL,
-                              l1_ratios=(0.0,), use_legacy_attributes=False)
+        head = ShapeSolvedLogisticRegressionCV(Cs=np.logspace(-4, 2, 7),
+                                               cv=StratifiedKFold(folds, shuffle=True, random_state=seed),
+                                               scoring="neg_log_loss", solver=solver or SOLVER, max_iter=100,
+                                               tol=TOL, l1_ratios=(0.0,), use_legacy_attributes=False)
     elif task == "regression":
         head = RidgeCV(alphas=np.logspace(-3, 5, 9))
     else:

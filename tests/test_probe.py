@@ -226,7 +226,8 @@ def test_the_probes_solver_reaches_newton_choleskys_optimum(classes):
 def test_the_probes_solver_follows_rows_per_coefficient():
     """solver_for by hand: Newton-Cholesky from 20 rows per coefficient (features x classes; one column when
     binary), Newton-CG below; "auto" fitted on many rows of few features is Newton-Cholesky's fit exactly."""
-    from protein_performer.probe import ROWS_PER_COEF, make_probe, solver_for
+    from protein_performer.probe import make_probe
+    from protein_performer.probe_solver import ROWS_PER_COEF, solver_for
     assert ROWS_PER_COEF == 20
     assert solver_for(2000, 100, 2) == "newton-cholesky" and solver_for(2000, 101, 2) == "newton-cg"
     assert solver_for(20000, 256, 3) == "newton-cholesky"            # ss3's per-residue probe: 15,360 <= 20,000
@@ -240,3 +241,9 @@ def test_the_probes_solver_follows_rows_per_coefficient():
     assert auto[-1].solver_ == "newton-cholesky" and auto[-1].get_params()["solver"] == "auto"
     np.testing.assert_array_equal(auto[-1].coef_, ref[-1].coef_)
     assert np.mean(auto.predict(X) == y) > 0.5                       # three classes: chance is about 1/3
+    import pickle  # a probe the test built itself: it pickles by name and predicts the same after
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(auto)).predict_proba(X), auto.predict_proba(X))
+    one_class = make_probe("classification", 3, 0)[-1]
+    with pytest.raises(ValueError):
+        one_class.fit(X, np.zeros(len(X), int))
+    assert not hasattr(one_class, "solver_") and one_class.solver == "auto"  # a failed fit claims no solver

@@ -137,9 +137,11 @@ def test_train_into_a_file_prints_lines_never_a_carriage_return(tmp_path, small_
 
 
 # --- finetune: a line per epoch -------------------------------------------------------------------
-def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_eta(tmp_path, capsys, monkeypatch):
+def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_eta(tmp_path, capsys, monkeypatch,
+                                                                                  caplog):
     import logging
 
+    from protein_performer.training import quiet
     from protein_performer.training.quiet import DROPPED_LOG_LINES, LIGHTNING_LOGGERS
     torch.manual_seed(0)
     from protein_performer.training.task import ProteinLM
@@ -153,10 +155,13 @@ def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_et
             fh.write(f"p{k},{seq},{'ab'[k % 2]},{('train', 'train', 'valid', 'test')[k % 4]}\n")
     lightning = logging.getLogger(LIGHTNING_LOGGERS[0])   # Lightning's lines, from finetune's Trainer alone
     monkeypatch.setattr(lightning, "filters", [])  # as in a fresh process: no command has quietened it yet
-    monkeypatch.setattr(lightning, "level", logging.INFO)
-    seen = []
+    caplog.set_level(logging.INFO, logger=LIGHTNING_LOGGERS[0])
+    seen, dropped = [], []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
+    keep = quiet._DropLines.filter
+    monkeypatch.setattr(quiet._DropLines, "filter",
+                        lambda self, record: keep(self, record) or dropped.append(record.getMessage()) or False)
     monkeypatch.setattr(lightning, "handlers", [*lightning.handlers, handler])  # undone after the test
     code, out, err = run_command("finetune", capsys, f"ckpt={ckpt}", f"labels={labels}", "task=classification",
                                  f"output_dir={tmp_path / 'out'}", "trainer.max_epochs=3", "patience=10",
@@ -179,6 +184,10 @@ def test_finetune_prints_a_line_per_epoch_with_the_validation_loss_metric_and_et
     # Lightning's own lines reach the log, less its tips and notices (training.quiet)
     assert any("GPU available" in m for m in seen), seen
     assert not [m for m in seen if any(d in m for d in DROPPED_LOG_LINES)], seen
+    # what finetune's Trainer says and the filter dropped: the tip and two notices, each matched by its own entry
+    for line in ("💡 Tip:", "was configured so validation will run at the end of the training epoch",
+                 "to estimate number of stepping batches"):
+        assert line in DROPPED_LOG_LINES and [m for m in dropped if line in m], (line, dropped)
 
 
 # --- a loop of its own: evaluate, stderr not a terminal -------------------------------------------

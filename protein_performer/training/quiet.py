@@ -1,9 +1,9 @@
 """Library lines that are not the user's business, silenced one by one (never a blanket
-filter): Lightning's product tips, its notices that ``limit_val_batches=1.0`` uses 100 %
-of the batches, that ``val_check_interval=1.0`` validates at each epoch's end and that it
-loads the training loader to count the steps (finetune's schedule asks it to), a torch deprecation raised inside Lightning's own code (``LeafSpec``), and
-the non-empty checkpoint folder warning (training checks its folder itself:
-:mod:`protein_performer.training.run_folder`)."""
+filter): Lightning's product tips; its notices that ``limit_val_batches=1.0`` uses 100 % of
+the batches, that ``val_check_interval=1.0`` validates at each epoch's end, and that it loads
+the training loader to count the steps (finetune's schedule asks it to); a torch deprecation
+raised inside Lightning's own code (``LeafSpec``); and the non-empty checkpoint folder warning
+(training checks its folder itself: :mod:`protein_performer.training.run_folder`)."""
 from __future__ import annotations
 
 import logging
