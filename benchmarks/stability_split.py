@@ -10,6 +10,7 @@ splits (data/labeled/README.md).  Prints a table; docs/downstream.md cites it.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import gzip
 import sys
@@ -68,6 +69,7 @@ def clusters(seqs: list[str]) -> Counter:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     seqs = {s: read(p) for s, p in FILES.items()}
     train, index = set(seqs["train"]), by_mask(seqs["train"])
     rows = []

@@ -10,7 +10,7 @@ LAYERS = [  # lowest first
     ("data", {"data"}),
     ("training", {"training"}),
     ("hub", {"hub"}),
-    ("applications", {"evaluate", "embed", "generate", "probe", "compare", "score", "finetune", "convert_esm", "cli", "commands"}),
+    ("applications", {"evaluate", "embed", "generate", "probe", "probe_solver", "compare", "score", "finetune", "convert_esm", "cli", "commands"}),
 ]
 
 
@@ -74,7 +74,10 @@ ALLOWED = {
     "score": {"data", "training", "hub"},
     "generate": {"hub"},
     "convert_esm": {"hub"},
-    "probe": set(),
+    # probe's logistic regression (its solver picked by the data's shape) stands apart so that importing
+    # probe does not import scikit-learn: make_probe imports it when it builds a probe
+    "probe": {"probe_solver"},
+    "probe_solver": set(),
     # compare is train-then-evaluate for several models: it runs evaluate itself, whose metrics and
     # table it reports side by side (a copy of evaluate would drift from what evaluate prints)
     "compare": {"training", "evaluate"},

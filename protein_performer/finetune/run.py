@@ -109,7 +109,6 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
     module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
-    quiet_libraries()
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
         try:
             fit = pl.Trainer(default_root_dir=root, **settings)
@@ -287,7 +286,9 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
                       watch: str = "loss", metric: str = "loss"):
     """pl.Trainer's keyword arguments (finetune's defaults under ``trainer``'s), with early stopping on the
     validation ``watch`` (loss, or a metric: higher is better) and the progress lines (the validation loss
-    and ``metric``, select_by's); and trainer.max_time in seconds (None: not set)."""
+    and ``metric``, select_by's); and trainer.max_time in seconds (None: not set).  Lightning's tips and
+    notices are silenced for the Trainer these settings make (training.quiet)."""
+    quiet_libraries()
     settings = {"accelerator": "cpu", "devices": 1, "max_epochs": 20, "logger": False,
                 "enable_checkpointing": False, "enable_model_summary": False, "num_sanity_val_steps": 0,
                 **(trainer or {})}
