@@ -83,6 +83,11 @@ def key(row: dict) -> tuple:
     return row["kind"], row.get("recipe"), row["task"], row["seed"]
 
 
+def kind_of(what: str) -> str:
+    """The raw rows' kind of what the command line runs: "run" writes "finetune" rows, the others their own."""
+    return "finetune" if what == "run" else what
+
+
 def read_rows(path: Path = RAW) -> dict[tuple, dict]:
     rows = {}
     if path.is_file():
@@ -285,8 +290,7 @@ def study(a) -> None:
     for _ in range(2):  # then pooling=auto's other probe, where a pooling_auto run (this one's too) chose it
         for seed, recipe, task in parts:
             what = "baseline" if recipe is None else "probe_layers" if recipe == "probe_layers" else "run"
-            if ({"baseline": ("baseline", None), "probe_layers": ("probe_layers", None)}.get(what, ("finetune", recipe))
-                    + (task, seed)) in read_rows(a.raw):
+            if (kind_of(what), recipe if what == "run" else None, task, seed) in read_rows(a.raw):
                 continue
             cmd = [sys.executable, __file__, what, "--ckpt", a.ckpt, "--task", task, "--seed", str(seed),
                    "--raw", str(a.raw)] + (["--recipe", recipe] if what == "run" else [])
@@ -323,7 +327,7 @@ def main(argv=None) -> None:
         ap.error(f"{a.what} needs --ckpt" + (" and --task" if a.what != "study" else ""))
     start = time.perf_counter()
     result = {"run": finetune_run, "baseline": baseline, "probe_layers": layers_baseline}[a.what](a)
-    row = {"kind": "finetune" if a.what == "run" else a.what, "recipe": a.recipe if a.what == "run" else None,
+    row = {"kind": kind_of(a.what), "recipe": a.recipe if a.what == "run" else None,
            "task": a.task, "seed": a.seed, "commit": common.git_commit(), "ckpt": a.ckpt,
            "seconds": round(time.perf_counter() - start, 1), **result}
     append_row(row, a.raw)

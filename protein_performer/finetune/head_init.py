@@ -70,8 +70,8 @@ def probe_head_init(net: FineTuneNet, data: Encoded, max_tokens: int, scale: tup
     """Start the head where a linear probe ends (LP-FT, Kumar et al. 2022: fine-tuning from a
     probed head keeps what the pretrained features hold, where a random head first distorts them):
     :func:`fit_probe` on the frozen encoder's features of the training split (``features``: those
-    already computed, as :func:`frozen_features` gives them, and the probe fitted on them or None), folded into the head's linear layer, so
-    the untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
+    already computed, as :func:`frozen_features` gives them, and the probe fitted on them or None),
+    folded into the head's linear layer, so the untrained net predicts what the probe predicts.  An attention-pooling head starts at the plain
     mean (its scores zero).  Returns what was fitted (C or alpha, the examples' count), or None
     when a class is too rare for the cross-validation (the head then stays random)."""
     X, y, pipe = (*frozen_features(net, data, max_tokens, seed), None) if features is None else features

@@ -42,7 +42,8 @@ def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, 
                    select_by: str, min_confidence: float, seed: int = 0):
     """``net`` (an every-layer head: pooling=layers) -> (the pooling chosen, what metrics.json says of the
     choice, (the chosen features of the training split as :func:`~.head_init.frozen_features` gives them,
-    their targets, the probe fitted on them, or None): the head's probe, not fitted twice).  The validation metric is ``select_by`` (the task's own where it is ``loss``)."""
+    their targets, the probe fitted on them, or None): the head's probe, not fitted twice).  The validation
+    metric is ``select_by`` (the task's own where it is ``loss``)."""
     by = SELECT_BY[net.task][0] if select_by == "loss" else select_by
     dim, outputs = net.encoder.config.dim, net.head.out.out_features
     X, y = frozen_features(net, data["train"], max_tokens, seed)
