@@ -52,7 +52,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 import importlib.metadata as m
 import torch
 v = {}
-for p in ("triton", "fla-core", "hydra-core", "pytest-timeout"):
+for p in ("triton", "fla-core", "hydra-core", "pytest-timeout", "scikit-learn"):  # scikit-learn: >= 1.8 for probes
     try:
         v[p] = m.version(p)
     except m.PackageNotFoundError:
