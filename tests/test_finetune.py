@@ -444,3 +444,19 @@ def test_stop_on_metric_stops_when_the_validation_metric_stalls(ckpt, tmp_path, 
             break
     assert stop < 25 and len(epochs) == stop and metrics["epochs"] == stop
     assert json.loads((tmp_path / "out" / "finetune.json").read_text())["stop_on"] == "metric"
+
+
+def test_command_defaults_are_the_functions():
+    """conf/finetune.yaml (the command) and ``finetune()`` (the Python API) default every shared key alike, and
+    a run given no trainer.max_epochs stops at MAX_EPOCHS either way."""
+    import inspect
+
+    from omegaconf import OmegaConf
+    from protein_performer.finetune import run
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "finetune.yaml"))
+    params = inspect.signature(run.finetune).parameters
+    shared = [k for k in cfg if k in params and params[k].default is not inspect.Parameter.empty and k != "trainer"]
+    assert len(shared) > 30 and {k: cfg[k] for k in shared} == {k: params[k].default for k in shared}
+    assert cfg["trainer"]["max_epochs"] == run.MAX_EPOCHS == 10
+    settings, _ = run._trainer_settings(None, "linear", 3, None, None)
+    assert settings["max_epochs"] == run.MAX_EPOCHS
