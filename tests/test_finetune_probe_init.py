@@ -328,3 +328,37 @@ def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_wei
     for name in ("head.out.weight", "encoder.blocks.0.attn.to_qkv.weight"):
         torch.testing.assert_close(kept[name], (1 - s) * start[name] + s * end[name])
     assert not torch.equal(start["encoder.blocks.0.attn.to_qkv.weight"], end["encoder.blocks.0.attn.to_qkv.weight"])
+
+
+# issue 45: without valid rows finetune holds out a share of the training proteins to choose with; a kept probe
+# is then fitted again on all of them (refit_probe, default true), so it is the probe a user fits on their
+# training proteins, not one on 90 % of them
+@pytest.mark.parametrize("refit", [True, False])
+def test_a_kept_probe_is_refitted_on_the_held_out_validation_proteins_too(ckpt, tmp_path, capsys, refit):
+    rows, _ = rich_or_poor(tmp_path, 150, seed=3)
+    rows = [[r[0], r[1], r[2], "test" if r[3] == "test" else "train"] for r in rows]  # no valid rows
+    labels = tmp_path / "no_valid.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    out = tmp_path / "out"
+    code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                    f"output_dir={out}", "lr=0", "head_lr=0", "pooling=mean", "trainer.max_epochs=1",
+                                    "max_tokens=1200", f"refit_probe={str(refit).lower()}")
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    train = [r for r in rows if r[3] == "train"]
+    held_out = m["proteins"]["valid"]
+    assert m["selection"]["kept"] == "probe" and held_out == 12 and m["probe"]["examples"] == len(train) - held_out
+    if not refit:
+        assert "refit" not in m["probe"] and "fitted again" not in stdout
+        return
+    assert m["probe"]["refit"]["examples"] == len(train) == 120
+    assert f"then fitted again on {len(train)} proteins, the training split with the validation" in stdout
+    encoder, classes = ckpt[0].model.encoder.eval(), sorted({r[2] for r in rows})
+    pipe = make_probe("classification", folds=3, seed=0).fit(
+        reference_features(encoder, [r[1] for r in train]), [classes.index(r[2]) for r in train])
+    assert m["probe"]["refit"]["C"] == pytest.approx(float(np.ravel(pipe[-1].C_)[0]))
+    test = [r for r in rows if r[3] == "test"]
+    expected = [classes[i] for i in pipe.predict(reference_features(encoder, [r[1] for r in test]))]
+    with open(out / "predictions.csv", newline="") as fh:
+        assert [r["prediction"] for r in csv.DictReader(fh)] == expected

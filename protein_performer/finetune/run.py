@@ -71,7 +71,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
              unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
-             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric",
+             probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric", refit_probe: bool = True,
              interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE,
              epoch_confidence: float = EPOCH_CONFIDENCE, pooling_confidence: float = POOLING_CONFIDENCE) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
@@ -87,18 +87,16 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     the best epoch's at :data:`SHARES` (WiSE-FT), so fine-tuning never ends below its own probe on validation;
     the best fine-tuned one is kept over the probe only when it wins in ``min_confidence`` of the bootstrap
     draws of the validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
-    ``ensemble`` < 1 and ``epoch_confidence``: :func:`_ensemble`.  ``layer_decay``: each encoder block below the
-    last at this times the rate above.  ``stop_on``: early stopping (``patience``) on the validation ``metric``
-    that ``select_by`` names, or the ``loss``.  ``schedule``: ``constant``, or ``linear``
-    (:func:`~.schedule.warmup_linear` over the trainer's steps).  Progress: a line per epoch on stdout (and,
-    with the progress bar on and stdout not a terminal, every ``progress_every`` steps or ``progress_seconds``)."""
+    ``ensemble``, ``epoch_confidence``: :func:`_ensemble`; ``refit_probe``: :func:`_refit_probe`; ``stop_on``:
+    early stopping (``patience``) on the validation ``metric`` ``select_by`` names, or the ``loss``.  Progress:
+    a line per epoch on stdout (and every ``progress_every`` steps or ``progress_seconds`` with the bar on)."""
     out = Path(output_dir)
     OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                                 head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
-                                probe_baseline, min_confidence, ensemble, epoch_confidence, pooling, pooling_confidence)
-    window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
+                                probe_baseline, min_confidence, ensemble, epoch_confidence, pooling, pooling_confidence,
+                                refit_probe)
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
     classes, scale = _classes_and_scale(ex, split, task, labels)
@@ -123,7 +121,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             probe, seconds, gate = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale, probe_baseline
                                           or head_init == "probe", head_init, interpolate, min_confidence,
-                                          float(ensemble), float(epoch_confidence), features)
+                                          float(ensemble), float(epoch_confidence), features,
+                                          refit_probe and "valid" not in ex.split)
             if lora:
                 module.net.merge_lora()
             net = module.net.cpu().eval()
@@ -140,9 +139,18 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
             meta = _meta(net, ckpt, task, classes, scale, window, adapters, pooling=pooling, dropout=dropout,
                          freeze=freeze, head_init=head_init, schedule=schedule, warmup=float(warmup),
                          select_by=select_by, layer_decay=float(layer_decay), stop_on=stop_on, interpolate=interpolate,
-                         min_confidence=float(min_confidence), epoch_confidence=float(epoch_confidence))
+                         min_confidence=float(min_confidence), epoch_confidence=float(epoch_confidence),
+                         refit_probe=refit_probe)
             _write_outputs(out, net, meta, result, [ex.ids[i] for i in part["test"]], test_labels_, predictions, scores)
     return result
+
+
+def _refit_probe(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, scale, seed: int) -> dict | None:
+    """The kept probe fitted again on the training proteins and the validation proteins finetune held out of
+    them, together (its C again by inner cross-validation): once the choice is made, the held-out labels
+    need not go unused (scikit-learn's refit), and the test split still chooses nothing. What was fitted."""
+    both = Encoded(data["train"].tokens + data["valid"].tokens, data["train"].targets + data["valid"].targets)
+    return probe_head_init(net, both, max_tokens, scale, seed)
 
 
 def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, adapters, **settings) -> dict:
@@ -159,7 +167,7 @@ def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
                     probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0, pooling="mean",
-                    pooling_confidence=1.0) -> str:
+                    pooling_confidence=1.0, refit_probe=True) -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -188,7 +196,7 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
         raise UserError(f"layer_decay={layer_decay}: a factor in (0, 1] (1: every block at lr)")
     if stop_on not in ("loss", "metric"):
         raise UserError(f"stop_on={stop_on!r}: choose loss or metric (the one select_by names)")
-    for name, v in (("interpolate", interpolate), ("probe_baseline", probe_baseline)):
+    for name, v in (("interpolate", interpolate), ("probe_baseline", probe_baseline), ("refit_probe", refit_probe)):
         if not isinstance(v, bool):
             raise UserError(f"{name}={v!r}: true or false")
     for name, v in (("min_confidence", min_confidence), ("epoch_confidence", epoch_confidence),
@@ -238,6 +246,7 @@ def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: st
                seed: int) -> tuple[FineTuneNet, int]:
     """The checkpoint's encoder and a seeded new head (pooling=auto: every layer's, :func:`_auto_pooling`
     chooses); returns it and the window (capped at the longest protein)."""
+    window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
     longest = max(len(s) for s in ex.seqs) + 2
     if task == "residue" and isinstance(window, int) and not isinstance(window, bool) and window > longest - 3:
         # the head's context cannot reach past the longest protein: beyond it, only cost
@@ -314,15 +323,16 @@ def _trainer_settings(trainer: dict | None, schedule: str, patience: int, progre
 def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id: int, max_tokens: int, seed: int,
            scale: tuple[float, float], probe: bool, head_init: str, shares: bool = False,
            min_confidence: float = 0.0, ensemble: float = 1.0, epoch_confidence: float = 1.0,
-           features=None) -> tuple[dict | None, float, dict]:
+           features=None, refit: bool = False) -> tuple[dict | None, float, dict]:
     """The probe fitted (``probe``) and validated as the first candidate, the head reset to random
     unless head_init=probe, the epochs trained, with ``shares`` their best interpolated with the probe
     (:data:`SHARES`) and validated, with ``ensemble`` < 1 the best fine-tuned one mixed with the probe
     in output space (:func:`_ensemble`; the epoch alone again where it beats the mix in ``epoch_confidence``
     of the bootstrap draws), the probe kept unless the best beats it in ``min_confidence`` of
     the bootstrap draws, and the kept candidate's weights put back (``features``: the training split's
-    frozen features, already computed by pooling=auto); returns what the probe fitted
-    (None: no probe), the seconds it all took, and the gate's figures (for selection_summary)."""
+    frozen features, already computed by pooling=auto), a kept probe fitted again with the validation
+    proteins (``refit``: :func:`_refit_probe`); returns what the probe fitted (None: no probe; its
+    ``refit``), the seconds it all took, and the gate's figures (for selection_summary)."""
     net = module.net
     pl.seed_everything(seed, verbose=False)
     start = time.perf_counter()
@@ -358,6 +368,8 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
     seconds = time.perf_counter() - start
     if module.best is not None:
         net.load_state_dict(module.best, strict=False)
+    if refit and fitted is not None and module.best_name == "probe":
+        fitted["refit"] = _refit_probe(net, data, max_tokens, scale, seed)
     return fitted, seconds, gate
 
 
