@@ -22,7 +22,7 @@ MODEL = dict(dim=32, depth=2, heads=2, dropout=0.0, position="rotary", rotary_ba
              attention=dict(kernel="softmax", nb_features=16, local_heads=0))
 #: what each case gives finetune besides ckpt, labels, task and output_dir: a few steps each
 FAST = dict(lr=3e-3, head_lr=1e-2, max_tokens=600, patience=30, stop_on="loss", interpolate=False, min_confidence=0,
-            ensemble=1.0, pooling="mean",
+            ensemble=1.0, pooling="mean", refit_probe=False,
             progress_every=None, progress_seconds=None,
             trainer={"max_epochs": 3, "max_steps": 6, "enable_progress_bar": False})
 CASES = {
@@ -79,7 +79,8 @@ def run_case(ckpt, tmp_path, name: str) -> dict:
     meta.pop("source"), meta.pop("model")
     # settings added after the reference (issue 45's recipe study), at the values that reproduce it
     assert (meta.pop("layer_decay"), meta.pop("stop_on"), meta.pop("interpolate"), meta.pop("min_confidence"),
-            meta.pop("ensemble"), meta.pop("epoch_confidence")) == (1.0, "loss", False, 0.0, None, FT.EPOCH_CONFIDENCE)
+            meta.pop("ensemble"), meta.pop("epoch_confidence"), meta.pop("refit_probe")) == (
+        1.0, "loss", False, 0.0, None, FT.EPOCH_CONFIDENCE, False)
     gate = {k: metrics["selection"].pop(k) for k in ("min_confidence", "best_tuned", "confidence", "tuned_over_probe")
             if k in metrics["selection"]}  # the gate's figures (issue 45), which min_confidence=0 never acts on
     assert gate["min_confidence"] == 0.0 and 0 <= gate.get("confidence", 0) <= 1
