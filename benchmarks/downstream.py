@@ -201,6 +201,22 @@ def probe(task: str, classes, X_train, y_train, X_test, y_test, seed: int, folds
     return FT.metrics(task, classes, list(y_test), list(pred), None if scores is None else list(np.asarray(scores)))
 
 
+def protein_baselines(loaded, task: str, ex, tr: list, te: list, seed: int) -> dict:
+    """Per protein: the linear probe on the last layer's mean (embed's defaults) and amino-acid
+    composition, fitted on the proteins ``tr`` and scored on ``te``."""
+    import numpy as np
+
+    from protein_performer.probe import composition_features
+    depth, seqs = loaded.net.depth, (lambda idx: [ex.seqs[i] for i in idx])
+    classes = sorted(set(ex.labels)) if task == "classification" else []
+    y_tr, y_te = np.array([ex.labels[i] for i in tr]), np.array([ex.labels[i] for i in te])
+    f_tr = protein_features(loaded, seqs(tr), depth)[("mean", depth)]
+    f_te = protein_features(loaded, seqs(te), depth)[("mean", depth)]
+    return {"probe": probe(task, classes, f_tr, y_tr, f_te, y_te, seed),
+            "composition": probe(task, classes, composition_features(seqs(tr)), y_tr, composition_features(seqs(te)),
+                                 y_te, seed)}
+
+
 # ----------------------------------------------------------------------------- parts
 def run_task(name: str, loaded, ckpt: str, work: Path, args) -> dict:
     import numpy as np

@@ -40,20 +40,8 @@ def draw(train: int, test: int, seed: int):
 
 def baselines(ckpt: str, ex, chosen, seed: int) -> dict:
     """The last layer's mean-pooled linear probe and composition, fitted on every training protein."""
-    import numpy as np
-
     from protein_performer.hub.load import load_model
-    from protein_performer.probe import composition_features
-    loaded = load_model(ckpt)
-    depth, tr, te = loaded.net.depth, chosen["train"], chosen["test"]
-    seqs = lambda idx: [ex.seqs[i] for i in idx]  # noqa: E731
-    classes = sorted(set(ex.labels))
-    y_tr, y_te = np.array([ex.labels[i] for i in tr]), np.array([ex.labels[i] for i in te])
-    f_tr = downstream.protein_features(loaded, seqs(tr), depth)[("mean", depth)]
-    f_te = downstream.protein_features(loaded, seqs(te), depth)[("mean", depth)]
-    return {"probe": downstream.probe("classification", classes, f_tr, y_tr, f_te, y_te, seed),
-            "composition": downstream.probe("classification", classes, composition_features(seqs(tr)), y_tr,
-                                            composition_features(seqs(te)), y_te, seed)}
+    return downstream.protein_baselines(load_model(ckpt), "classification", ex, chosen["train"], chosen["test"], seed)
 
 
 def run_defaults(ckpt: str, labels: Path, out: Path, seed: int, log: Path) -> dict:

@@ -113,30 +113,22 @@ def baseline(args) -> dict:
     mean of the last layer's states (embed's defaults); per residue, the residue's state beside the mean
     of those within downstream.WINDOW of it, the context the composition baseline and finetune's head
     and probe see."""
-    import numpy as np
-
     from protein_performer import finetune as FT
     from protein_performer.hub.load import load_model
-    from protein_performer.probe import composition_features
     loaded = load_model(args.ckpt)
     task, ex, chosen, _ = downstream.load_task(args.task, SIZES[args.task], args.seed)
     depth, tr, te = loaded.net.depth, chosen["train"], chosen["test"]
+    used = {s: len(i) for s, i in chosen.items()}
+    if task != "residue":
+        return {**downstream.protein_baselines(loaded, task, ex, tr, te, args.seed), "used": used}
     seqs = lambda idx: [ex.seqs[i] for i in idx]  # noqa: E731
-    if task == "residue":
-        classes = sorted({c for y in ex.labels for c in y})
-        keep, y_tr, y_te = downstream.residue_sample(ex, tr, te, FT.PROBE_RESIDUES, args.seed)
-        f_tr = downstream.residue_features(loaded, seqs(tr), depth, keep)[("window", depth)]
-        f_te = downstream.residue_features(loaded, seqs(te), depth)[("window", depth)]
-        c_tr, c_te = downstream.residue_composition(seqs(tr), keep), downstream.residue_composition(seqs(te))
-    else:
-        classes = sorted(set(ex.labels)) if task == "classification" else []
-        y_tr, y_te = np.array([ex.labels[i] for i in tr]), np.array([ex.labels[i] for i in te])
-        f_tr = downstream.protein_features(loaded, seqs(tr), depth)[("mean", depth)]
-        f_te = downstream.protein_features(loaded, seqs(te), depth)[("mean", depth)]
-        c_tr, c_te = composition_features(seqs(tr)), composition_features(seqs(te))
+    classes = sorted({c for y in ex.labels for c in y})
+    keep, y_tr, y_te = downstream.residue_sample(ex, tr, te, FT.PROBE_RESIDUES, args.seed)
+    f_tr = downstream.residue_features(loaded, seqs(tr), depth, keep)[("window", depth)]
+    f_te = downstream.residue_features(loaded, seqs(te), depth)[("window", depth)]
+    c_tr, c_te = downstream.residue_composition(seqs(tr), keep), downstream.residue_composition(seqs(te))
     return {"probe": downstream.probe(task, classes, f_tr, y_tr, f_te, y_te, args.seed),
-            "composition": downstream.probe(task, classes, c_tr, y_tr, c_te, y_te, args.seed),
-            "used": {s: len(i) for s, i in chosen.items()}}
+            "composition": downstream.probe(task, classes, c_tr, y_tr, c_te, y_te, args.seed), "used": used}
 
 
 def layers_baseline(args) -> dict:
