@@ -155,3 +155,40 @@ def test_epoch_confidence_keeps_the_epoch_alone_only_where_it_beats_the_mix_that
                 epoch_confidence=min(1.0, alone["epoch_over_mix"] + 1e-3))
     above = json.loads((out / "metrics.json").read_text())["selection"]
     assert above["kept"] == mix["kept"] and not above.get("epoch_alone", False)
+
+
+# issue 45: without valid rows finetune draws its validation proteins from the training ones; once a mix is
+# kept, its probe half is fitted again on all of them (refit_probe), as a kept probe is
+@pytest.mark.parametrize("refit", [True, False])
+def test_a_kept_mixs_probe_half_is_refitted_on_the_held_out_validation_proteins_too(ckpt, tmp_path, capsys,  # noqa: F811
+                                                                                     refit):
+    rows, _ = rich_or_poor(tmp_path, 200, seed=10)
+    rows = [[r[0], r[1], r[2], "test" if r[3] == "test" else "train"] for r in rows]  # no valid rows
+    labels = tmp_path / "no_valid.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    out = tmp_path / "out"
+    code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                    f"output_dir={out}", "lr=3e-3", "head_lr=1e-2", "dropout=0.0", "patience=10",
+                                    "min_confidence=0", "epoch_confidence=1", "pooling=mean", "max_tokens=1200",
+                                    "trainer.max_epochs=3", f"refit_probe={str(refit).lower()}")
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    train, test = [r for r in rows if r[3] == "train"], [r for r in rows if r[3] == "test"]
+    assert m["selection"]["kept"].startswith("ensemble: 0.5 epoch ")
+    assert m["probe"]["examples"] == len(train) - m["proteins"]["valid"] < len(train) == 160
+    if not refit:
+        assert "refit" not in m["probe"] and "fitted again" not in stdout
+        return
+    assert m["probe"]["refit"]["examples"] == len(train)
+    assert f"its probe half then fitted again on {len(train)} proteins" in stdout
+    encoder, classes = ckpt[0].model.encoder.eval(), sorted({r[2] for r in rows})
+    pipe = make_probe("classification", folds=3, seed=0).fit(
+        reference_features(encoder, [r[1] for r in train]), [classes.index(r[2]) for r in train])
+    assert m["probe"]["refit"]["C"] == pytest.approx(float(np.ravel(pipe[-1].C_)[0]))
+    net, _ = load_finetuned(out)
+    with torch.no_grad():  # the probe member alone, protein by protein: the probe fitted here on all 160
+        member_p = np.array([torch.softmax(net.probe(torch.tensor([TOK.encode(r[1])]))[0].double(), -1).numpy()
+                             for r in test])
+    np.testing.assert_allclose(member_p, pipe.predict_proba(reference_features(encoder, [r[1] for r in test])),
+                               atol=1e-4)

@@ -107,10 +107,11 @@ def format_metrics(result: dict) -> str:
         elif sel["kept"] == "probe":
             choice += ": no epoch beat the linear probe"
         choice += ")"
-        refit = (result.get("probe") or {}).get("refit") if sel["kept"] == "probe" else None
+        refit = (result.get("probe") or {}).get("refit")
         if refit:
-            choice += (f"; then fitted again on {refit['examples']:,} proteins, the training split with the validation "
-                       f"proteins held out of it")
+            whose = "" if sel["kept"] == "probe" else " its probe half"
+            choice += (f";{whose} then fitted again on {refit['examples']:,} proteins, the training split with the "
+                       f"validation proteins held out of it")
     pooled = result.get("pooling")
     if pooled and "probe" in pooled:  # pooling=auto's choice
         choice += (f"\npooling=auto: {pooled['chosen']} (valid {pooled['by']} of a linear probe: mean "

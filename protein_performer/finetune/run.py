@@ -146,9 +146,10 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
 
 
 def _refit_probe(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, scale, seed: int) -> dict | None:
-    """The kept probe fitted again on the training proteins and the validation proteins finetune held out of
-    them, together (its C again by inner cross-validation): once the choice is made, the held-out labels
-    need not go unused (scikit-learn's refit), and the test split still chooses nothing. What was fitted."""
+    """The kept probe (``net``: the kept network, or a kept mix's frozen probe member) fitted again on the
+    training proteins and the validation proteins finetune held out of them, together (its C again by
+    inner cross-validation): once the choice is made, the held-out labels need not go unused
+    (scikit-learn's refit), and the test split still chooses nothing. What was fitted."""
     both = Encoded(data["train"].tokens + data["valid"].tokens, data["train"].targets + data["valid"].targets)
     return probe_head_init(net, both, max_tokens, scale, seed)
 
@@ -330,8 +331,8 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
     in output space (:func:`_ensemble`; the epoch alone again where it beats the mix in ``epoch_confidence``
     of the bootstrap draws), the probe kept unless the best beats it in ``min_confidence`` of
     the bootstrap draws, and the kept candidate's weights put back (``features``: the training split's
-    frozen features, already computed by pooling=auto), a kept probe fitted again with the validation
-    proteins (``refit``: :func:`_refit_probe`); returns what the probe fitted (None: no probe; its
+    frozen features, already computed by pooling=auto), a kept probe, or a kept mix's probe half, fitted
+    again with the validation proteins (``refit``: :func:`_refit_probe`); returns what the probe fitted (None: no probe; its
     ``refit``), the seconds it all took, and the gate's figures (for selection_summary)."""
     net = module.net
     pl.seed_everything(seed, verbose=False)
@@ -368,8 +369,9 @@ def _train(fit: pl.Trainer, module: FineTuner, data: dict[str, Encoded], pad_id:
     seconds = time.perf_counter() - start
     if module.best is not None:
         net.load_state_dict(module.best, strict=False)
-    if refit and fitted is not None and module.best_name == "probe":
-        fitted["refit"] = _refit_probe(net, data, max_tokens, scale, seed)
+    refitted = net if module.best_name == "probe" else net.probe  # a kept probe, or a kept mix's probe half
+    if refit and fitted is not None and refitted is not None:
+        fitted["refit"] = _refit_probe(refitted, data, max_tokens, scale, seed)
     return fitted, seconds, gate
 
 
