@@ -73,6 +73,10 @@ RECIPES = {
                      "a head per residue, as ensemble_epoch)",
                     {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5, "epoch_confidence": 0.9,
                      "pooling": "auto", "pooling_confidence": 0.9}),
+    "pooling_cv": ("pooling_auto, the pooling chosen instead by the two probes' own cross-validated loss on the "
+                   "training split (pooling_by=cv; ss3: as ensemble_epoch)",
+                   {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5, "epoch_confidence": 0.9,
+                    "pooling": "auto", "pooling_by": "cv"}),
 }
 #: the recipes every other is compared with in the table (Δ columns): the study's start and the first recipe it kept
 #: (later ones against each other: docs/downstream.md's hand-written sections)

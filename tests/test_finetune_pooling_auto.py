@@ -60,17 +60,19 @@ def read_predictions(out):
         return list(csv.reader(fh))
 
 
-@pytest.mark.parametrize("confidence,expect", [(0.0, "layers"), (0.9, "mean")])
-def test_an_auto_run_is_the_plain_run_of_the_pooling_it_chose(ckpt, tmp_path, confidence, expect):  # noqa: F811
+# by cv: every layer's probe has the lower cross-validated log-loss here (0.22 against 0.42), gate or not
+@pytest.mark.parametrize("by,confidence,expect", [("valid", 0.0, "layers"), ("valid", 0.9, "mean"), ("cv", 0.9, "layers")])
+def test_an_auto_run_is_the_plain_run_of_the_pooling_it_chose(ckpt, tmp_path, by, confidence, expect):  # noqa: F811
     _, labels = rich_or_poor(tmp_path, 200, seed=3)
     kw = dict(lr=1e-3, head_lr=1e-2, dropout=0.0, patience=10, pooling_confidence=confidence, max_tokens=1200,
               trainer={"max_epochs": 2, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
     runs = {}
     for pooling in ("auto", expect):
         out = tmp_path / pooling
-        result = FT.finetune(ckpt[1], labels, "classification", out, pooling=pooling, **kw)
+        result = FT.finetune(ckpt[1], labels, "classification", out, pooling=pooling, pooling_by=by, **kw)
         if pooling == "auto":  # the closing line says what was chosen, and on what
-            assert f"pooling=auto: {expect} (valid accuracy of a linear probe: mean " in FT.format_metrics(result)
+            on = "valid accuracy" if by == "valid" else "the training split's cross-validated log-loss"
+            assert f"pooling=auto: {expect} ({on} of a linear probe: mean " in FT.format_metrics(result)
         runs[pooling] = (out, json.loads((out / "metrics.json").read_text()),
                          json.loads((out / "finetune.json").read_text()))
     auto, plain = runs["auto"], runs[expect]
@@ -86,6 +88,12 @@ def test_residue_tasks_take_auto_as_mean_and_a_bad_pooling_is_one_line(ckpt, tmp
                                f"output_dir={tmp_path / 'bad'}", "pooling=max")
     assert code == 2 and "pooling='max': choose one of mean, attention, layers or auto" in err
     assert not (tmp_path / "bad").exists()
+    code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                               f"output_dir={tmp_path / 'bad'}", "pooling_by=test")
+    assert code == 2 and err.strip().splitlines()[-1].endswith("pooling_by='test': choose valid (the validation "
+                                                                "split, through the bootstrap gate) or cv (the probes' "
+                                                                "cross-validation on the training split)")
+    assert not (tmp_path / "bad").exists()
     # a per-residue task: one label letter per residue; auto reads the hidden state at each residue, as mean does
     residue = tmp_path / "residue.csv"
     with open(residue, "w", newline="") as fh:
@@ -96,3 +104,65 @@ def test_residue_tasks_take_auto_as_mean_and_a_bad_pooling_is_one_line(ckpt, tmp
                 "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
     assert json.loads((out / "finetune.json").read_text())["pooling"] == "mean"
     assert "pooling" not in json.loads((out / "metrics.json").read_text())
+
+
+def cross_validated_log_loss(X, y, seed=0):
+    """The lowest mean held-out log-loss over C (the probe's grid) of a logistic regression on the standardized
+    features, over the probe's 3 shuffled stratified folds: each fold fitted and scored here."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.preprocessing import StandardScaler
+    Z = StandardScaler().fit_transform(X)
+    folds = list(StratifiedKFold(3, shuffle=True, random_state=seed).split(Z, y))
+    return min(np.mean([log_loss(y[te], LogisticRegression(C=C, max_iter=10000, tol=1e-10)
+                                 .fit(Z[tr], y[tr]).predict_proba(Z[te])) for tr, te in folds])
+               for C in np.logspace(-4, 2, 7))
+
+
+def leave_one_out_squared_error(X, t):
+    """The lowest mean squared error over alpha (ridge's grid) of ridge on the standardized features, each
+    protein predicted by a ridge fitted here on all the others."""
+    from sklearn.linear_model import Ridge
+    from sklearn.preprocessing import StandardScaler
+    Z, n = StandardScaler().fit_transform(X), len(t)
+    return min(np.mean([(Ridge(alpha=a).fit(np.delete(Z, i, 0), np.delete(t, i)).predict(Z[i:i + 1])[0] - t[i]) ** 2
+                        for i in range(n)]) for a in np.logspace(-3, 5, 9))
+
+
+# pooling_by=cv: the two probes' own cross-validation on the training split decides, not the validation split.
+# classification: rich in K + E, which every layer's mean (the embedding's among them) holds better; regression:
+# a fixed linear read-out of the last layer's mean plus noise, where every layer's 96 columns only add variance
+@pytest.mark.parametrize("task,expect", [("classification", "layers"), ("regression", "mean")])
+def test_by_cv_the_choice_is_the_probe_with_the_lower_cross_validated_loss_by_hand(ckpt, tmp_path, task,  # noqa: F811
+                                                                                  expect):
+    rows, _ = rich_or_poor(tmp_path, 200, seed=3)
+    encoder = ckpt[0].model.encoder
+    dim, depth = encoder.config.dim, encoder.depth
+    part = {name: [r for r in rows if r[3] == name] for name in ("train", "valid")}
+    ref = {name: reference_features(encoder, [r[1] for r in part[name]], layers=True) for name in part}
+    if task == "regression":
+        last, rng = ref["train"][:, depth * dim:], np.random.RandomState(0)
+        w, noise = rng.randn(dim) / np.sqrt(dim), 0.5
+        readout = lambda f: ((f[:, depth * dim:] - last.mean(0)) / last.std(0)) @ w  # noqa: E731
+        target = {name: readout(ref[name]) + noise * rng.randn(len(ref[name])) for name in part}
+    else:
+        target = {name: np.array([int(r[2] == "rich") for r in part[name]]) for name in part}
+    data = {name: Encoded([TOK.encode(r[1]) for r in part[name]], list(target[name])) for name in part}
+    scale = (float(target["train"].mean()), float(target["train"].std())) if task == "regression" else (0.0, 1.0)
+    torch.manual_seed(0)
+    net = FineTuneNet(encoder, task, 1 if task == "regression" else 2, "layers", dropout=0.0).eval()
+    chosen, summary, (X, y, pipe) = choose_pooling(net, data, 1200, scale, "loss", 0.9, seed=0, by_cv=True)
+
+    t = (target["train"] - scale[0]) / scale[1]
+    loss = {pooling: cross_validated_log_loss(ref["train"][:, cols], t.astype(int)) if task == "classification"
+            else leave_one_out_squared_error(ref["train"][:, cols], t)
+            for pooling, cols in (("mean", slice(depth * dim, None)), ("layers", slice(None)))}
+    assert summary["by"] == "cv" and summary["split"] == "train"
+    assert summary["cv_loss"] == pytest.approx(loss, rel=1e-3)
+    assert abs(loss["layers"] - loss["mean"]) > 0.04 * min(loss.values())  # a choice with a margin
+    assert chosen == min(loss, key=loss.get) == expect == summary["chosen"]
+    cols = slice(None) if chosen == "layers" else slice(depth * dim, None)
+    np.testing.assert_allclose(X, ref["train"][:, cols], atol=1e-5)  # the chosen features feed the head's probe
+    np.testing.assert_allclose(y, target["train"], atol=1e-6)
+    assert pipe[0].n_features_in_ == X.shape[1]

@@ -38,31 +38,38 @@ def _validated(pipe, X: np.ndarray, y: np.ndarray, task: str, outputs: int) -> V
     return Validated(torch.as_tensor(out, dtype=torch.float32), torch.as_tensor(y), np.arange(len(y)))
 
 
+def cv_score(pipe) -> float:
+    """A fitted probe's inner cross-validation score at the regularization it chose, higher better: the
+    mean over the folds of the negative log-loss (logistic regression), or ridge's leave-one-out negative
+    squared error."""
+    head = pipe[-1]
+    if hasattr(head, "best_score_"):
+        return float(head.best_score_)
+    return float(np.asarray(head.scores_).mean(0).max())  # (folds, l1 ratios, Cs): C_ is the best mean's
+
+
 def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, scale: tuple[float, float],
-                   select_by: str, min_confidence: float, seed: int = 0):
+                   select_by: str, min_confidence: float, seed: int = 0, by_cv: bool = False):
     """``net`` (an every-layer head: pooling=layers) -> (the pooling chosen, what metrics.json says of the
     choice, (the chosen features of the training split as :func:`~.head_init.frozen_features` gives them,
     their targets, the probe fitted on them, or None): the head's probe, not fitted twice).  The validation
-    metric is ``select_by`` (the task's own where it is ``loss``)."""
+    metric is ``select_by`` (the task's own where it is ``loss``); ``by_cv``: instead the probes' own inner
+    cross-validation on the training split (:func:`choose_by_cv`)."""
     by = SELECT_BY[net.task][0] if select_by == "loss" else select_by
     dim, outputs = net.encoder.config.dim, net.head.out.out_features
     X, y = frozen_features(net, data["train"], max_tokens, seed)
+    if by_cv:
+        return choose_by_cv(net.task, X, y, dim, scale, seed)
     if not len(data["valid"]):
         log.warning("pooling=auto: no validation proteins to choose on; the head reads the last layer's mean")
         return "mean", {"requested": "auto", "chosen": "mean", "by": by, "reason": "no validation split"}, \
             (X[:, X.shape[1] - dim:], y, None)
+    task, target, columns, fitted = _both_probes(net.task, X, y, dim, scale, seed)
+    if fitted is None:
+        return _too_rare(by, X, y, columns)
     Xv, yv = frozen_features(net, data["valid"], max_tokens, seed)
-    task = "regression" if net.task == "regression" else "classification"
-    target = (lambda t: (t - scale[0]) / scale[1]) if task == "regression" else (lambda t: t.astype(int))
-    columns = {"mean": slice(X.shape[1] - dim, None), "layers": slice(None)}
-    scores, validated, fitted = {}, {}, {}
-    for name in CHOICES:
-        fitted[name] = fit_probe(X[:, columns[name]], target(y), task, seed)
-        if fitted[name] is None:  # a class too rare for the probe's cross-validation: nothing to weigh
-            return "mean", {"requested": "auto", "chosen": "mean", "by": by, "reason": "a class too rare for a "
-                            "probe"}, (X[:, columns["mean"]], y, None)
-        validated[name] = _validated(fitted[name], Xv[:, columns[name]], target(yv), task, outputs)
-        scores[name] = selection_metric(net.task, by, validated[name].outputs, validated[name].targets)
+    validated = {name: _validated(fitted[name], Xv[:, columns[name]], target(yv), task, outputs) for name in CHOICES}
+    scores = {name: selection_metric(net.task, by, v.outputs, v.targets) for name, v in validated.items()}
     confidence = bootstrap_confidence(net.task, by, validated["mean"], validated["layers"], seed)
     chosen = "layers" if confidence >= min_confidence and scores["layers"] > scores["mean"] else "mean"
     log.info("pooling=auto: %s (the validation split's %s by a linear probe: mean %.4f, layers %.4f; layers ahead "
@@ -71,3 +78,42 @@ def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, 
     summary = {"requested": "auto", "chosen": chosen, "by": by, "split": "valid", "probe": scores,
                "layers_over_mean": confidence, "min_confidence": float(min_confidence)}
     return chosen, summary, (X[:, columns[chosen]], y, fitted[chosen])
+
+
+def choose_by_cv(task: str, X: np.ndarray, y: np.ndarray, dim: int, scale: tuple[float, float], seed: int = 0):
+    """pooling_by=cv: both probes fitted on the training split's features ``X`` (every layer's mean side
+    by side; the last ``dim`` columns: the last layer's), every layer's taken where its inner
+    cross-validation scores higher (:func:`cv_score`: log-loss, or squared error).  Why: those folds
+    cover every training protein, where the validation split is a tenth of them and its bootstrap gate
+    rarely sure; and the validation split is left to the gate between the probe and the fine-tuned
+    weights.  Returns what :func:`choose_pooling` does."""
+    kind, _, columns, fitted = _both_probes(task, X, y, dim, scale, seed)
+    if fitted is None:
+        return _too_rare("cv", X, y, columns)
+    scores = {name: cv_score(pipe) for name, pipe in fitted.items()}
+    chosen = "layers" if scores["layers"] > scores["mean"] else "mean"
+    what = "log-loss" if kind == "classification" else "squared error (standardized)"
+    log.info("pooling=auto: %s (the training split's cross-validated %s of a linear probe: mean %.4f, layers "
+             "%.4f)", chosen, what, -scores["mean"], -scores["layers"])
+    summary = {"requested": "auto", "chosen": chosen, "by": "cv", "split": "train", "loss": what,
+               "cv_loss": {name: -v for name, v in scores.items()}}
+    return chosen, summary, (X[:, columns[chosen]], y, fitted[chosen])
+
+
+def _both_probes(task: str, X: np.ndarray, y: np.ndarray, dim: int, scale: tuple[float, float], seed: int):
+    """Both choices' probes on the training features: (probe task, targets as the probe sees them, each
+    choice's columns of ``X``, each choice's fitted probe or None where a class is too rare for one)."""
+    kind = "regression" if task == "regression" else "classification"
+    target = (lambda t: (t - scale[0]) / scale[1]) if kind == "regression" else (lambda t: t.astype(int))
+    columns = {"mean": slice(X.shape[1] - dim, None), "layers": slice(None)}
+    fitted = {}
+    for name in CHOICES:
+        fitted[name] = fit_probe(X[:, columns[name]], target(y), kind, seed)
+        if fitted[name] is None:  # a class too rare for the probe's cross-validation: nothing to weigh
+            return kind, target, columns, None
+    return kind, target, columns, fitted
+
+
+def _too_rare(by: str, X: np.ndarray, y: np.ndarray, columns: dict):
+    return "mean", {"requested": "auto", "chosen": "mean", "by": by, "reason": "a class too rare for a probe"}, \
+        (X[:, columns["mean"]], y, None)

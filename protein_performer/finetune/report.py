@@ -113,7 +113,10 @@ def format_metrics(result: dict) -> str:
             choice += (f";{whose} then fitted again on {refit['examples']:,} proteins, the training split with the "
                        f"validation proteins held out of it")
     pooled = result.get("pooling")
-    if pooled and "probe" in pooled:  # pooling=auto's choice
+    if pooled and "cv_loss" in pooled:  # pooling=auto's choice by the probes' cross-validation
+        choice += (f"\npooling=auto: {pooled['chosen']} (the training split's cross-validated {pooled['loss']} of a "
+                   f"linear probe: mean {pooled['cv_loss']['mean']:.4f}, layers {pooled['cv_loss']['layers']:.4f})")
+    elif pooled and "probe" in pooled:  # pooling=auto's choice on the validation split
         choice += (f"\npooling=auto: {pooled['chosen']} (valid {pooled['by']} of a linear probe: mean "
                    f"{pooled['probe']['mean']:.4f}, layers {pooled['probe']['layers']:.4f}; layers ahead in "
                    f"{pooled['layers_over_mean']:.1%} of the draws, {pooled['min_confidence']:g} needed)")

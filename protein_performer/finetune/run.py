@@ -52,6 +52,9 @@ EPOCH_CONFIDENCE = 0.9
 #: pooling=auto takes every layer's mean over the last layer's only when a linear probe of it wins in this share of
 #: the validation bootstrap's draws (docs/downstream.md, "pooling=auto")
 POOLING_CONFIDENCE = 0.9
+#: pooling=auto chooses on: valid (the validation split, with the bootstrap gate) or cv (the probes'
+#: cross-validation on the training split; pooling_choice.choose_by_cv)
+POOLING_BY = "valid"
 
 #: task=residue's default context: the head sees 7 residues on either side (docs/downstream.md: ss3
 #: Q3 0.620 against 0.546 without, and 0.570 for the windowed composition baseline)
@@ -69,7 +72,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              test_fraction: float = 0.2, seed: int = 0, gradient_checkpointing: bool = False,
              lora: bool = False, lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
              head_init: str = "random", window: int | None = None, schedule: str = "linear", warmup: float = WARMUP,
-             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None,
+             unknown: str = "error", overwrite: bool = False, trainer: dict | None = None, pooling_by: str = POOLING_BY,
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric", refit_probe: bool = True,
              interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE,
@@ -79,7 +82,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
     feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at the end.
     ``window`` (task=residue): the head also sees that many residues on either side (None: :data:`RESIDUE_WINDOW`).
-    ``pooling``: mean, attention, layers or auto (:func:`_auto_pooling`, with ``pooling_confidence``).
+    ``pooling``: mean, attention, layers or auto (:func:`_auto_pooling`, with ``pooling_by``, ``pooling_confidence``).
     ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or ``random``.  Whatever the start, a
     linear probe of the frozen encoder is fitted on the training split (``probe_baseline``); the weights kept are
     the best on the validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or
@@ -96,7 +99,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                                 head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
                                 probe_baseline, min_confidence, ensemble, epoch_confidence, pooling, pooling_confidence,
-                                refit_probe)
+                                refit_probe, pooling_by)
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
     classes, scale = _classes_and_scale(ex, split, task, labels)
@@ -107,7 +110,7 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = _encode(ex, part, task, classes, tok)
     net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by,
-                                                   pooling_confidence, dropout, window, seed)
+                                                   pooling_confidence, dropout, window, seed, pooling_by == "cv")
     _adapt(net, freeze, gradient_checkpointing, adapters)
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
@@ -168,7 +171,7 @@ def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
                     probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0, pooling="mean",
-                    pooling_confidence=1.0, refit_probe=True) -> str:
+                    pooling_confidence=1.0, refit_probe=True, pooling_by="valid") -> str:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
     with auto resolved to the task's metric."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
@@ -178,6 +181,9 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     if pooling not in (*TASK_HEADS, "auto"):
         raise UserError(f"pooling={pooling!r}: choose one of {', '.join(TASK_HEADS)} or auto (mean or layers, "
                         f"whichever a linear probe scores higher on the validation split)")
+    if pooling_by not in ("valid", "cv"):
+        raise UserError(f"pooling_by={pooling_by!r}: choose valid (the validation split, through the bootstrap gate) "
+                        f"or cv (the probes' cross-validation on the training split)")
     if int(max_tokens) < 1:
         raise UserError(f"max_tokens={max_tokens}: must be positive")
     if head_init not in ("probe", "random"):
@@ -265,14 +271,14 @@ def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: st
 
 
 def _auto_pooling(net: FineTuneNet, data: dict[str, Encoded], pooling: str, max_tokens: int, scale, select_by: str,
-                  confidence: float, dropout: float, window: int, seed: int):
+                  confidence: float, dropout: float, window: int, seed: int, by_cv: bool = False):
     """pooling=auto (:func:`~.pooling_choice.choose_pooling`) on ``net``, built with an every-layer head: those
     features hold the mean head's, so one pass chooses and feeds the probe.  Returns the net with the chosen
     head (the mean's as a plain pooling=mean run seeds it), the pooling, the choice's summary and the training
     split's features (None, None where there was no choice: another pooling, or task=residue)."""
     if pooling != "auto" or net.task == "residue":
         return net, "mean" if pooling == "auto" else pooling, None, None
-    pooling, choice, features = choose_pooling(net, data, max_tokens, scale, select_by, confidence, seed)
+    pooling, choice, features = choose_pooling(net, data, max_tokens, scale, select_by, confidence, seed, by_cv)
     if pooling != "layers":
         torch.manual_seed(seed)
         net = FineTuneNet(net.encoder, net.task, net.head.out.out_features, pooling, dropout, window)
