@@ -17,7 +17,8 @@ from protein_performer.model.heads import FineTuneNet, mix_outputs
 from protein_performer.probe import make_probe
 
 from conftest import run_command
-from test_finetune_probe_init import TOK, ckpt, reference_features, rich_or_poor  # noqa: F401 (a fixture)
+from test_finetune_probe_init import (TOK, ckpt, no_valid_rows, reference_features,  # noqa: F401 (a fixture)
+                                     rich_or_poor)
 
 
 def test_mix_outputs_by_hand():
@@ -162,11 +163,7 @@ def test_epoch_confidence_keeps_the_epoch_alone_only_where_it_beats_the_mix_that
 @pytest.mark.parametrize("refit", [True, False])
 def test_a_kept_mixs_probe_half_is_refitted_on_the_held_out_validation_proteins_too(ckpt, tmp_path, capsys,  # noqa: F811
                                                                                      refit):
-    rows, _ = rich_or_poor(tmp_path, 200, seed=10)
-    rows = [[r[0], r[1], r[2], "test" if r[3] == "test" else "train"] for r in rows]  # no valid rows
-    labels = tmp_path / "no_valid.csv"
-    with open(labels, "w", newline="") as fh:
-        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    rows, labels = no_valid_rows(tmp_path, 200, seed=10)
     out = tmp_path / "out"
     code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                     f"output_dir={out}", "lr=3e-3", "head_lr=1e-2", "dropout=0.0", "patience=10",

@@ -139,6 +139,16 @@ def rich_or_poor(tmp_path, n, seed):
     return rows, labels
 
 
+def no_valid_rows(tmp_path, n, seed):
+    """rich_or_poor's proteins with no valid rows (its valid ones train): finetune then draws its own."""
+    rows, _ = rich_or_poor(tmp_path, n, seed)
+    rows = [[r[0], r[1], r[2], "test" if r[3] == "test" else "train"] for r in rows]
+    labels = tmp_path / "no_valid.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    return rows, labels
+
+
 # learning rates 0: the weights cannot move; 5 / 50: every epoch wrecks them, so only keeping the
 # validated probe gives the probe's predictions; head_init=random too (issue 45: the default never ends
 # below its own linear probe: the probe is fitted and validated whatever the start)
@@ -335,11 +345,7 @@ def test_interpolated_candidates_are_validated_from_the_probe_and_best_epoch_wei
 # training proteins, not one on 90 % of them
 @pytest.mark.parametrize("refit", [True, False])
 def test_a_kept_probe_is_refitted_on_the_held_out_validation_proteins_too(ckpt, tmp_path, capsys, refit):
-    rows, _ = rich_or_poor(tmp_path, 150, seed=3)
-    rows = [[r[0], r[1], r[2], "test" if r[3] == "test" else "train"] for r in rows]  # no valid rows
-    labels = tmp_path / "no_valid.csv"
-    with open(labels, "w", newline="") as fh:
-        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    rows, labels = no_valid_rows(tmp_path, 150, seed=3)
     out = tmp_path / "out"
     code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                     f"output_dir={out}", "lr=0", "head_lr=0", "pooling=mean", "trainer.max_epochs=1",
