@@ -178,7 +178,7 @@ def test_a_kept_mixs_probe_half_is_refitted_on_the_held_out_validation_proteins_
         assert "refit" not in m["probe"] and "fitted again" not in stdout
         return
     assert m["probe"]["refit"]["examples"] == len(train)
-    assert f"its probe half then fitted again on {len(train)} proteins" in stdout
+    assert f"its probe half then fitted again on all {len(train)} training proteins" in stdout
     encoder, classes = ckpt[0].model.encoder.eval(), sorted({r[2] for r in rows})
     pipe = make_probe("classification", folds=3, seed=0).fit(
         reference_features(encoder, [r[1] for r in train]), [classes.index(r[2]) for r in train])

@@ -359,7 +359,7 @@ def test_a_kept_probe_is_refitted_on_the_held_out_validation_proteins_too(ckpt, 
         assert "refit" not in m["probe"] and "fitted again" not in stdout
         return
     assert m["probe"]["refit"]["examples"] == len(train) == 120
-    assert f"then fitted again on {len(train)} proteins, the training split with the validation" in stdout
+    assert f"then fitted again on all {len(train)} training proteins, the validation proteins finetune had held" in stdout
     encoder, classes = ckpt[0].model.encoder.eval(), sorted({r[2] for r in rows})
     pipe = make_probe("classification", folds=3, seed=0).fit(
         reference_features(encoder, [r[1] for r in train]), [classes.index(r[2]) for r in train])
