@@ -16,9 +16,9 @@ Modules, lowest first: :mod:`.labels` (label files -> examples, and their splits
 probe's), :mod:`.batches` (encoded examples in token-budget batches), :mod:`.schedule` (the learning
 rates, trainer.max_time, the validation metric that keeps weights), :mod:`.head_init` (the linear
 probe the head may start from, and the baseline it competes with), :mod:`.pooling_choice` (pooling=auto:
-which hidden states the head reads, chosen by two probes on the validation split), :mod:`.module` (the
-LightningModule, :class:`FineTuner`), :mod:`.report` (test predictions, metrics, the printed
-lines), :mod:`.outputs` (``output_dir``: what may be there, what is written), :mod:`.run`
+which hidden states the head reads, chosen by two probes on the validation split, or by their
+cross-validation), :mod:`.module` (the LightningModule, :class:`FineTuner`), :mod:`.report` (test
+predictions, metrics, the printed lines), :mod:`.outputs` (``output_dir``: what may be there, what is written), :mod:`.run`
 (:func:`finetune`, the command end to end).
 """
 from ..model.heads import FineTuneNet

@@ -7,7 +7,9 @@ not something to tune on the test split.  Both probes are fitted on the training
 features (one pass of the encoder: the last layer's mean is the every-layer features' last block) and
 scored on the validation split; the every-layer head is taken only when it beats the last layer's in
 ``min_confidence`` of the validation bootstrap's draws (:func:`~.confidence.bootstrap_confidence`,
-the gate finetune already puts between its probe and its fine-tuned weights)."""
+the gate finetune already puts between its probe and its fine-tuned weights).  ``pooling_by=cv``
+(:func:`choose_by_cv`) weighs the two probes' own cross-validated loss on the training split instead: an
+option, not the default (docs/downstream.md, "pooling_by=cv": it gained on one task and lost on two)."""
 from __future__ import annotations
 
 import logging
