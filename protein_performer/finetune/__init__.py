@@ -18,8 +18,8 @@ rates, trainer.max_time, the validation metric that keeps weights), :mod:`.head_
 probe the head may start from, and the baseline it competes with), :mod:`.pooling_choice` (pooling=auto:
 which hidden states the head reads, chosen by two probes on the validation split, or by their
 cross-validation), :mod:`.module` (the LightningModule, :class:`FineTuner`), :mod:`.report` (test
-predictions, metrics, the printed lines), :mod:`.outputs` (``output_dir``: what may be there, what is written), :mod:`.run`
-(:func:`finetune`, the command end to end).
+predictions, metrics, the printed lines), :mod:`.outputs` (``output_dir``: what may be there, what is
+written), :mod:`.run` (:func:`finetune`, the command end to end).
 """
 from ..model.heads import FineTuneNet
 from .batches import Encoded, _loader, collate
