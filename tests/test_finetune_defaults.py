@@ -37,3 +37,6 @@ def test_table_differences_by_hand():
     assert "| 0 | 12.0 min | 3 | 0.450 | 0.225 | +0.050 | +0.150 | probe | mean |" in text
     assert "| 1 | 21.5 min | 3 | 0.380 | 0.190 | -0.020 | +0.080 | probe | mean |" in text
     assert "Longest run 21.5 min (goal: 20); mean change against the probe +0.015, 1 of 2 runs below it." in text
+    assert "output_dir=D seed=S`, nothing else set" in text
+    res["meta"]["overrides"] = ["pooling_by=cv"]  # an option timed as a user runs it: the command line says so
+    assert "output_dir=D seed=S pooling_by=cv`, nothing else set" in B.render(res, "cmd")
