@@ -61,7 +61,7 @@ def run_defaults(ckpt: str, labels: Path, out: Path, seed: int, log: Path, overr
             "closing": [line for line in log.read_text().splitlines() if line.startswith(("kept:", "pooling=auto:"))]}
 
 
-def render(res: dict, command: str) -> str:
+def render(res: dict, command: str, raw: Path = RAW) -> str:
     meta, base = res["meta"], res["baselines"]
     probe, comp = base["probe"]["accuracy"], base["composition"]["accuracy"]
     lines = ["# finetune's defaults as a user runs them, timed", "",
@@ -84,7 +84,7 @@ def render(res: dict, command: str) -> str:
     deltas = [r["metrics"]["accuracy"] - probe for r in res["runs"]]
     lines += ["", f"Longest run {max(walls):.1f} min (goal: {GOAL_MINUTES}); mean change against the probe "
               f"{sum(deltas) / len(deltas):+.3f}, {sum(d < 0 for d in deltas)} of {len(deltas)} runs below it.",
-              "", f"Raw figures: `{RAW.relative_to(common.ROOT)}`."]
+              "", f"Raw figures: `{raw.relative_to(common.ROOT) if raw.is_relative_to(common.ROOT) else raw}`."]
     return "\n".join(lines)
 
 
@@ -118,7 +118,7 @@ def main() -> None:
     res["meta"].update(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load=common.load_average())
     args.raw.parent.mkdir(parents=True, exist_ok=True)
     args.raw.write_text(json.dumps(res, indent=1) + "\n")
-    text = render(res, common.command_line(__file__, sys.argv[1:]).replace(args.ckpt, "CKPT"))
+    text = render(res, common.command_line(__file__, sys.argv[1:]).replace(args.ckpt, "CKPT"), args.raw.resolve())
     print(text)
     common.write_doc(args.doc, text, keep_below=True)
 
