@@ -63,7 +63,8 @@ def main() -> None:
     args = ap.parse_args()
     from protein_performer.hub.load import load_model
     loaded = load_model(args.ckpt)
-    meta = {"ckpt": args.ckpt, "commit": common.git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    meta = {"ckpt": args.ckpt, "commit": common.git_commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rows = []
     for name in args.tasks:
         for seed in args.seeds:
