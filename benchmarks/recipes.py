@@ -77,6 +77,12 @@ RECIPES = {
                    "training split (pooling_by=cv; ss3: as ensemble_epoch)",
                    {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5, "epoch_confidence": 0.9,
                     "pooling": "auto", "pooling_by": "cv"}),
+    "pooling_termini": ("pooling_auto with a third candidate, every layer's mean and the last layer's over the first "
+                        "and the last 50 residues (pooling_choices=[mean, layers, termini]), run at finetune's default "
+                        "gate (min_confidence 0.9: its row is what the gate keeps, its own probe included)",
+                        {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5, "epoch_confidence": 0.9,
+                         "pooling": "auto", "pooling_confidence": 0.9, "pooling_choices": ["mean", "layers", "termini"],
+                         "min_confidence": 0.9}),
 }
 #: the recipes every other is compared with in the table (Δ columns): the study's start and the first recipe it kept
 #: (later ones against each other: docs/downstream.md's hand-written sections)

@@ -11,7 +11,9 @@ import torch
 import torch.nn as nn
 
 import protein_performer
-from protein_performer.model.heads import (LMHead, SequenceClassificationHead, TokenClassificationHead, masked_mean, residue_mask)
+from protein_performer.model.heads import (LayerMeansHead, LMHead, SequenceClassificationHead, TokenClassificationHead,
+                                           masked_mean, residue_mask)
+from protein_performer.model.pooling import end_masks
 from protein_performer.model import PerformerEncoder, PerformerLM
 from protein_performer.hub.load import load_pretrained
 from protein_performer.tokenizer import Tokenizer
@@ -150,6 +152,33 @@ def test_sequence_head_pools_over_residues_only():
             torch.testing.assert_close(head(model.encoder(alone), residue_mask(alone))[0], out[i], rtol=1e-4, atol=1e-5)
     assert out.shape == (3, 3) and SequenceClassificationHead(16, 1)(hidden, residues).shape == (3, 1)  # regression
     torch.testing.assert_close(masked_mean(hidden, None), hidden.mean(1))
+
+
+def test_end_masks_by_hand():
+    # <cls> A B C D E <eos> <pad>: residues at 1..5; then a protein of 2 residues, padded
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    first, last = end_masks(mask, 3)
+    assert first.int().tolist() == [[0, 1, 1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0, 0, 0]]
+    assert last.int().tolist() == [[0, 0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0, 0, 0]]  # fewer than 3: all of them
+
+
+def test_termini_head_reads_each_layers_mean_and_the_ends_of_the_last():
+    model = tiny()
+    seqs = ["MKTAYIAKQRQISFVKSHFSRQ", "MEEPQ", "ACDEFGHIKLMNPQRSTVWYACDEFG"]
+    tokens, pad = batch(seqs)
+    k = 4
+    torch.manual_seed(1)
+    head = LayerMeansHead(16, 2, dropout=0.0, layers=model.encoder.depth + 1, ends=k).eval()
+    assert head.out.in_features == 16 * (model.encoder.depth + 3)
+    with torch.no_grad():
+        _, hs = model.encoder(tokens, pad, return_layers=True)
+        got = head.probe_features(hs, residue_mask(tokens))
+        for i, s in enumerate(seqs):  # each protein alone, its residues sliced by hand
+            _, own = model.encoder(batch([s])[0], return_layers=True)
+            own = [h[0, 1:len(s) + 1] for h in own]
+            want = torch.cat([h.mean(0) for h in own] + [own[-1][:k].mean(0), own[-1][-k:].mean(0)])
+            torch.testing.assert_close(got[i], want, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got[0, -32:-16], got[0, -16:])  # the two ends differ where the protein is long
 
 
 def test_token_head_gives_one_output_per_position():

@@ -1,5 +1,6 @@
-"""finetune's pooling=auto: the last layer's mean or every layer's, whichever a linear probe scores higher on
-the validation split (surely enough: the bootstrap gate).  Checked against features computed protein by
+"""finetune's pooling=auto: the last layer's mean, every layer's, or (pooling_choices with termini) every layer's
+and the protein's ends, whichever a linear probe scores higher on the validation split (surely enough: the
+bootstrap gate).  Checked against features computed protein by
 protein, probes refitted here with scikit-learn and accuracies counted by hand; a run that chose a pooling
 is the plain run of that pooling, prediction for prediction."""
 import csv
@@ -12,7 +13,7 @@ import torch
 from protein_performer import finetune as FT
 from protein_performer.finetune.batches import Encoded
 from protein_performer.finetune.pooling_choice import choose_pooling
-from protein_performer.model.heads import FineTuneNet
+from protein_performer.model.heads import TERMINUS, FineTuneNet
 from protein_performer.probe import make_probe
 
 from conftest import run_command
@@ -46,7 +47,8 @@ def test_the_choice_is_the_higher_probe_on_validation_by_hand(ckpt, tmp_path, mi
         accuracy[pooling] = float(np.mean(pipe.predict(ref["valid"][:, cols]) == labels["valid"]))
     assert summary["probe"] == pytest.approx(accuracy, abs=1.5 / len(rows[1::5]))  # at most one protein apart
     assert accuracy["layers"] > accuracy["mean"] > 0.6  # what the test is about: a choice with a margin
-    confidence = summary["layers_over_mean"]
+    assert summary["ahead"]["layers"]["over"] == "mean" and summary["choices"] == ["mean", "layers"]
+    confidence = summary["ahead"]["layers"]["confidence"]
     assert 0.5 < confidence < 0.9
     assert chosen == ("layers" if min_confidence == 0.0 else "mean") == summary["chosen"]
     # the training features handed to the head's probe: the chosen pooling's, protein by protein
@@ -86,13 +88,19 @@ def test_residue_tasks_take_auto_as_mean_and_a_bad_pooling_is_one_line(ckpt, tmp
     rows, labels = rich_or_poor(tmp_path, 40, seed=1)
     code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                f"output_dir={tmp_path / 'bad'}", "pooling=max")
-    assert code == 2 and "pooling='max': choose one of mean, attention, layers or auto" in err
+    assert code == 2 and "pooling='max': choose one of mean, attention, layers, termini or auto" in err
     assert not (tmp_path / "bad").exists()
     code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
                                f"output_dir={tmp_path / 'bad'}", "pooling_by=test")
     assert code == 2 and err.strip().splitlines()[-1].endswith("pooling_by='test': choose valid (the validation "
                                                                 "split, through the bootstrap gate) or cv (the probes' "
                                                                 "cross-validation on the training split)")
+    assert not (tmp_path / "bad").exists()
+    code, _, err = run_command("finetune", capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                               f"output_dir={tmp_path / 'bad'}", "pooling_choices=[layers,mean]")
+    assert code == 2 and err.strip().splitlines()[-1].endswith(
+        "pooling_choices=['layers', 'mean']: two or more of mean, layers, termini, in that order (the first is the "
+        "fallback; each later one replaces the choice so far only where it wins)")
     assert not (tmp_path / "bad").exists()
     # a per-residue task: one label letter per residue; auto reads the hidden state at each residue, as mean does
     residue = tmp_path / "residue.csv"
@@ -166,3 +174,65 @@ def test_by_cv_the_choice_is_the_probe_with_the_lower_cross_validated_loss_by_ha
     np.testing.assert_allclose(X, ref["train"][:, cols], atol=1e-5)  # the chosen features feed the head's probe
     np.testing.assert_allclose(y, target["train"], atol=1e-6)
     assert pipe[0].n_features_in_ == X.shape[1]
+
+
+def signal_at_start_or_within(tmp_path, n, seed):
+    """labels.csv of ``n`` random proteins of 120 to 200 residues, each holding one hydrophobic stretch of 20
+    (a signal peptide's core): "start" at residue 1, "within" in the middle (residues len/2 - 10 onwards, at
+    least 50 from either end). Both classes have the same composition; only where the stretch lies tells
+    them apart, which the mean over a protein's first TERMINUS residues sees and the whole-protein means
+    hardly do. Split test / valid / train by position, as rich_or_poor. (its rows, its path)"""
+    import random
+    rng, aa = random.Random(seed), "ACDEFGHIKLMNPQRSTVWY"
+    rows = []
+    for k in range(n):
+        length, label = rng.randint(120, 200), "start" if k % 2 else "within"
+        s = [rng.choice(aa) for _ in range(length)]
+        at = 0 if label == "start" else length // 2 - 10
+        s[at:at + 20] = [rng.choice("LLLAVIF") for _ in range(20)]
+        rows.append([f"p{k}", "".join(s), label, "test" if k % 5 == 0 else "valid" if k % 5 == 1 else "train"])
+    labels = tmp_path / "ends.csv"
+    with open(labels, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "sequence", "label", "split"), *rows])
+    return rows, labels
+
+
+def test_termini_is_chosen_where_only_the_ends_tell_by_hand(ckpt, tmp_path):  # noqa: F811
+    rows, _ = signal_at_start_or_within(tmp_path, 200, seed=0)
+    part = {name: [r for r in rows if r[3] == name] for name in ("train", "valid")}
+    target = {name: np.array([int(r[2] == "start") for r in part[name]]) for name in part}
+    data = {name: Encoded([TOK.encode(r[1]) for r in part[name]], list(target[name])) for name in part}
+    encoder = ckpt[0].model.encoder
+    dim, depth = encoder.config.dim, encoder.depth
+    torch.manual_seed(0)
+    net = FineTuneNet(encoder, "classification", 2, "termini", dropout=0.0).eval()
+    chosen, summary, (X, y, pipe) = choose_pooling(net, data, 4000, (0.0, 1.0), "accuracy", 0.9, seed=0,
+                                                   choices=("mean", "layers", "termini"))
+
+    ref = {name: reference_features(encoder, [r[1] for r in part[name]], layers=True, ends=TERMINUS) for name in part}
+    cols = {"mean": slice(depth * dim, (depth + 1) * dim), "layers": slice(0, (depth + 1) * dim), "termini": slice(None)}
+    accuracy = {}
+    for pooling, c in cols.items():
+        fitted = make_probe("classification", 3, 0).fit(ref["train"][:, c], target["train"])
+        accuracy[pooling] = float(np.mean(fitted.predict(ref["valid"][:, c]) == target["valid"]))
+    assert summary["probe"] == pytest.approx(accuracy, abs=1.5 / len(part["valid"]))  # at most one protein apart
+    assert accuracy["termini"] > 0.9 > max(accuracy["mean"], accuracy["layers"]) + 0.15  # only the ends tell
+    assert chosen == summary["chosen"] == "termini" and summary["ahead"]["termini"]["confidence"] >= 0.9
+    assert summary["ahead"]["termini"]["over"] in ("mean", "layers")  # whichever the ladder held before
+    np.testing.assert_allclose(X, ref["train"], atol=1e-5)  # the head's probe gets every column, protein by protein
+    np.testing.assert_array_equal(y, target["train"])
+    assert pipe[0].n_features_in_ == (depth + 3) * dim
+
+
+def test_an_auto_run_that_chose_termini_is_the_plain_termini_run(ckpt, tmp_path):  # noqa: F811
+    _, labels = signal_at_start_or_within(tmp_path, 120, seed=1)
+    kw = dict(lr=1e-3, head_lr=1e-2, dropout=0.0, patience=10, max_tokens=4000,
+              trainer={"max_epochs": 1, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
+    auto = FT.finetune(ckpt[1], labels, "classification", tmp_path / "auto", pooling="auto",
+                       pooling_choices=["mean", "layers", "termini"], pooling_confidence=0.0, **kw)
+    assert auto["pooling"]["chosen"] == "termini"
+    assert "pooling=auto: termini (valid accuracy of a linear probe: mean " in FT.format_metrics(auto)
+    plain = FT.finetune(ckpt[1], labels, "classification", tmp_path / "plain", pooling="termini", **kw)
+    assert read_predictions(tmp_path / "auto") == read_predictions(tmp_path / "plain")
+    assert auto["selection"] == plain["selection"] and auto["accuracy"] == plain["accuracy"]
+    assert json.loads((tmp_path / "auto" / "finetune.json").read_text())["pooling"] == "termini"

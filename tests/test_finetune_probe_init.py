@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from protein_performer import finetune as FT
-from protein_performer.model.heads import FineTuneNet
+from protein_performer.model.heads import TERMINUS, FineTuneNet
 from protein_performer.probe import make_probe
 from protein_performer.tokenizer import Tokenizer
 
@@ -31,22 +31,25 @@ def ckpt(tmp_path_factory):
     return task, save_checkpoint(task, tmp_path_factory.mktemp("lpft") / "mlm.ckpt")
 
 
-def proteins(n, seed=0):
+def proteins(n, seed=0, lengths=(15, 45)):
     rng = random.Random(seed)
-    return ["".join(rng.choice(AA) for _ in range(rng.randint(15, 45))) for _ in range(n)]
+    return ["".join(rng.choice(AA) for _ in range(rng.randint(*lengths))) for _ in range(n)]
 
 
-def reference_features(encoder, seqs, per_residue=False, window=0, layers=False):
+def reference_features(encoder, seqs, per_residue=False, window=0, layers=False, ends=0):
     """The encoder's output for each protein alone: mean over its residues, or each residue's (with
     ``window`` w, beside the sum of its residues' outputs within w of it over 2w + 1, by a loop);
-    ``layers``: the mean of every hidden state (embedding, each block, final norm), side by side."""
+    ``layers``: the mean of every hidden state (embedding, each block, final norm), side by side, and with
+    ``ends`` = k the last one's mean over the protein's first k and its last k residues (pooling=termini)."""
     rows = []
     with torch.no_grad():
         for s in seqs:
             if layers:
                 _, hs = encoder(torch.tensor([TOK.encode(s)]), return_layers=True)
                 assert len(hs) == encoder.depth + 1
-                rows.append(np.concatenate([h[0, 1:1 + len(s)].double().numpy().mean(0) for h in hs])[None])
+                own = [h[0, 1:1 + len(s)].double().numpy() for h in hs]
+                rows.append(np.concatenate([h.mean(0) for h in own] + ([own[-1][:ends].mean(0), own[-1][-ends:].mean(0)]
+                                                                       if ends else []))[None])
                 continue
             h = encoder(torch.tensor([TOK.encode(s)]))[0, 1:1 + len(s)].double().numpy()
             if per_residue and window:
@@ -66,9 +69,11 @@ def make_net(ckpt, task, n_out, pooling="mean", window=0):
     return FineTuneNet(copy.deepcopy(ckpt[0].model.encoder), task, n_out, pooling, dropout=0.0, window=window).eval()
 
 
-@pytest.mark.parametrize("n_classes,pooling", [(2, "mean"), (3, "mean"), (3, "attention"), (3, "layers")])
+@pytest.mark.parametrize("n_classes,pooling", [(2, "mean"), (3, "mean"), (3, "attention"), (3, "layers"),
+                                               (3, "termini")])
 def test_probed_head_gives_the_probes_probabilities(ckpt, n_classes, pooling):
-    seqs = proteins(90)
+    # termini: proteins shorter than, and more than twice, TERMINUS residues (their ends apart), in one batch
+    seqs = proteins(90, lengths=(30, 130) if pooling == "termini" else (15, 45))
     # labels that the features can partly tell: by the share of K and D
     y = np.array([min(n_classes - 1, int(3 * (s.count("K") + s.count("D")) / len(s) * n_classes / 0.6))
                   for s in seqs])
@@ -77,8 +82,10 @@ def test_probed_head_gives_the_probes_probabilities(ckpt, n_classes, pooling):
     data = FT.Encoded([np.array(TOK.encode(s)) for s in seqs], [int(v) for v in y])
     fitted = FT.probe_head_init(net, data, max_tokens=400, scale=(0.0, 1.0), seed=0)
 
-    X = reference_features(net.encoder, seqs, layers=pooling == "layers")
-    assert X.shape[1] == net.encoder.config.dim * (net.encoder.depth + 1 if pooling == "layers" else 1)
+    X = reference_features(net.encoder, seqs, layers=pooling in ("layers", "termini"),
+                           ends=TERMINUS if pooling == "termini" else 0)
+    width = {"layers": net.encoder.depth + 1, "termini": net.encoder.depth + 3}.get(pooling, 1)
+    assert X.shape[1] == net.encoder.config.dim * width
     pipe = make_probe("classification", folds=3, seed=0).fit(X, y)
     assert fitted["C"] == pytest.approx(float(np.atleast_1d(pipe[-1].C_)[0]))
     probs = torch.stack([torch.softmax(o, -1) for o in net_outputs(net.eval(), seqs)]).numpy()

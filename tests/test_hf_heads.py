@@ -1,7 +1,7 @@
 """``export`` of a ``finetune`` output: the directory opens with transformers'
 AutoModelForSequenceClassification / AutoModelForTokenClassification (trust_remote_code, offline)
 and with this project's own loader, and both give the fine-tuned network's logits on a padded
-batch (mean, attention and layers pooling, classification and regression, per residue; finetune's
+batch (mean, attention, layers and termini pooling, classification and regression, per residue; finetune's
 output-space ensemble with its probe too); the loss is the usual one; the wrong auto class and a finetune folder with a changed file are refused."""
 import csv
 import json
@@ -28,9 +28,9 @@ def ckpt(tmp_path_factory):
     return save_checkpoint(task, tmp_path_factory.mktemp("hfheads") / "mlm.ckpt")
 
 
-def proteins(n=6, seed=0):
+def proteins(n=6, seed=0, lengths=(12, 40)):
     rng = random.Random(seed)
-    return ["".join(rng.choice(AA) for _ in range(rng.randint(12, 40))) for _ in range(n)]
+    return ["".join(rng.choice(AA) for _ in range(rng.randint(*lengths))) for _ in range(n)]
 
 
 def write_labels(path, task, n=60):
@@ -65,10 +65,10 @@ def finetuned(ckpt, tmp_path_factory):
     return make
 
 
-def batch():
+def batch(lengths=(12, 40)):
     from protein_performer.tokenizer import Tokenizer
     tok = Tokenizer()
-    seqs = proteins()
+    seqs = proteins(lengths=lengths)
     tokens, pad = pad_batch([tok.encode(s) for s in seqs], tok.pad_id)
     return seqs, tokens, pad
 
@@ -77,7 +77,7 @@ def batch():
     ("classification", "mean", 0, False), ("classification", "attention", 0, False), ("regression", "mean", 0, False),
     ("residue", "mean", 0, False), ("residue", "mean", 3, False),
     ("classification", "mean", 0, True), ("regression", "mean", 0, True), ("residue", "mean", 3, True),
-    ("classification", "layers", 0, True)])
+    ("classification", "layers", 0, True), ("classification", "termini", 0, True)])
 def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, transformers, task, pooling, window,
                                                                    ensemble):
     ft, out = finetuned(task, pooling, window, ensemble)
@@ -85,7 +85,9 @@ def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, tr
     assert (ref_net.probe is not None) == ensemble and meta["ensemble"] == (0.5 if ensemble else None)
     if window:  # the context weights trained away from their zero start: the export must carry them
         assert ref_net.head.context.weight.abs().max() > 0
-    seqs, tokens, pad = batch()
+    # termini: proteins shorter than the 50 residues at each end and more than twice as long, padded together
+    seqs, tokens, pad = batch((10, 140) if pooling == "termini" else (12, 40))
+    assert pooling != "termini" or (min(map(len, seqs)) < 50 and max(map(len, seqs)) > 100)
     auto = transformers.AutoModelForTokenClassification if task == "residue" else \
         transformers.AutoModelForSequenceClassification
     model = auto.from_pretrained(out, trust_remote_code=True)
@@ -95,7 +97,7 @@ def test_transformers_and_the_own_loader_give_the_finetuned_logits(finetuned, tr
     with torch.no_grad():
         ref = ref_net(tokens, pad)
         got = model(**enc).logits
-        if pooling == "layers":  # the head reads every hidden state; the output holds them only when asked
+        if pooling in ("layers", "termini"):  # the head reads every hidden state; the output holds them only when asked
             assert model(**enc).hidden_states is None
             assert len(model(**enc, output_hidden_states=True).hidden_states) == ref_net.encoder.depth + 1
         own, own_meta = load_finetuned(out)  # the exported directory, opened by this project

@@ -114,12 +114,15 @@ def format_metrics(result: dict) -> str:
                        f"proteins finetune had held out of them included")
     pooled = result.get("pooling")
     if pooled and "cv_loss" in pooled:  # pooling=auto's choice by the probes' cross-validation
+        losses = ", ".join(f"{k} {v:.4f}" for k, v in pooled["cv_loss"].items())
         choice += (f"\npooling=auto: {pooled['chosen']} (the training split's cross-validated {pooled['loss']} of a "
-                   f"linear probe: mean {pooled['cv_loss']['mean']:.4f}, layers {pooled['cv_loss']['layers']:.4f})")
+                   f"linear probe: {losses})")
     elif pooled and "probe" in pooled:  # pooling=auto's choice on the validation split
-        choice += (f"\npooling=auto: {pooled['chosen']} (valid {pooled['by']} of a linear probe: mean "
-                   f"{pooled['probe']['mean']:.4f}, layers {pooled['probe']['layers']:.4f}; layers ahead in "
-                   f"{pooled['layers_over_mean']:.1%} of the draws, {pooled['min_confidence']:g} needed)")
+        scores = ", ".join(f"{k} {v:.4f}" for k, v in pooled["probe"].items())
+        ahead = "; ".join(f"{k} ahead of {a['over']} in {a['confidence']:.1%} of the draws"
+                          for k, a in pooled["ahead"].items())
+        choice += (f"\npooling=auto: {pooled['chosen']} (valid {pooled['by']} of a linear probe: {scores}; {ahead}, "
+                   f"{pooled['min_confidence']:g} needed)")
     elif pooled:
         choice += f"\npooling=auto: {pooled['chosen']} ({pooled['reason']})"
     return (f"test ({result['n']} proteins): {main}; constant predictor: {base}\n"

@@ -27,7 +27,7 @@ from .confidence import bootstrap_confidence
 from .head_init import probe_head_init
 from .labels import SPLITS, Examples, assign_splits, read_examples
 from .module import FineTuner, interpolate, snapshot
-from .pooling_choice import choose_pooling
+from .pooling_choice import CHOICES, check_choices, choose_pooling
 from .outputs import _check_output, _write_outputs
 from .report import baseline, metrics, predict, selection_summary
 from .schedule import SELECT_BY, WARMUP, time_budget
@@ -76,13 +76,15 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              progress_every: int | None = 50, progress_seconds: float | None = 30.0, select_by: str = "auto",
              probe_baseline: bool = True, layer_decay: float = 1.0, stop_on: str = "metric", refit_probe: bool = True,
              interpolate: bool = False, min_confidence: float = MIN_CONFIDENCE, ensemble: float = ENSEMBLE,
-             epoch_confidence: float = EPOCH_CONFIDENCE, pooling_confidence: float = POOLING_CONFIDENCE) -> dict:
+             epoch_confidence: float = EPOCH_CONFIDENCE, pooling_confidence: float = POOLING_CONFIDENCE,
+             pooling_choices=CHOICES) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
     ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
     feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at the end.
     ``window`` (task=residue): the head also sees that many residues on either side (None: :data:`RESIDUE_WINDOW`).
-    ``pooling``: mean, attention, layers or auto (:func:`_auto_pooling`, with ``pooling_by``, ``pooling_confidence``).
+    ``pooling``: mean, attention, layers, termini or auto (:func:`_auto_pooling`, among ``pooling_choices``, with
+    ``pooling_by``, ``pooling_confidence``).
     ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or ``random``.  Whatever the start, a
     linear probe of the frozen encoder is fitted on the training split (``probe_baseline``); the weights kept are
     the best on the validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or
@@ -100,17 +102,19 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
                                 head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
                                 probe_baseline, min_confidence, ensemble, epoch_confidence, pooling, pooling_confidence,
                                 refit_probe, pooling_by)
+    choices = check_choices(pooling_choices)
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
     classes, scale = _classes_and_scale(ex, split, task, labels)
     _check_output(out, overwrite)
     adapters = (lora_rank, float(lora_alpha), float(lora_dropout)) if lora else None
-    net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, seed)
+    net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, seed, choices[-1])
     tok = replace(net.tokenizer, unknown=unknown)
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = _encode(ex, part, task, classes, tok)
     net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by,
-                                                   pooling_confidence, dropout, window, seed, pooling_by == "cv")
+                                                   pooling_confidence, dropout, window, seed, pooling_by == "cv",
+                                                   choices)
     _adapt(net, freeze, gradient_checkpointing, adapters)
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
@@ -179,8 +183,8 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
     check_progress(progress_every, progress_seconds)
     if pooling not in (*TASK_HEADS, "auto"):
-        raise UserError(f"pooling={pooling!r}: choose one of {', '.join(TASK_HEADS)} or auto (mean or layers, "
-                        f"whichever a linear probe scores higher on the validation split)")
+        raise UserError(f"pooling={pooling!r}: choose one of {', '.join(TASK_HEADS)} or auto (one of pooling_choices, "
+                        f"by a linear probe of each on the validation split)")
     if pooling_by not in ("valid", "cv"):
         raise UserError(f"pooling_by={pooling_by!r}: choose valid (the validation split, through the bootstrap gate) "
                         f"or cv (the probes' cross-validation on the training split)")
@@ -250,9 +254,10 @@ def _classes_and_scale(ex: Examples, split: np.ndarray, task: str, labels) -> tu
 
 
 def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: str, dropout: float, window: int,
-               seed: int) -> tuple[FineTuneNet, int]:
-    """The checkpoint's encoder and a seeded new head (pooling=auto: every layer's, :func:`_auto_pooling`
-    chooses); returns it and the window (capped at the longest protein)."""
+               seed: int, richest: str = "layers") -> tuple[FineTuneNet, int]:
+    """The checkpoint's encoder and a seeded new head (pooling=auto: the ``richest`` of its choices',
+    whose features hold the others', :func:`_auto_pooling` chooses); returns it and the window (capped at
+    the longest protein)."""
     window = (RESIDUE_WINDOW if task == "residue" else 0) if window is None else window
     longest = max(len(s) for s in ex.seqs) + 2
     if task == "residue" and isinstance(window, int) and not isinstance(window, bool) and window > longest - 3:
@@ -266,20 +271,22 @@ def _build_net(ckpt, labels, ex: Examples, task: str, classes: list, pooling: st
         raise UserError(f"labels {labels}: a protein of {longest - 2} residues is longer than the model's learned "
                         f"positions (model.max_positions={encoder.max_positions})")
     torch.manual_seed(seed)
-    pooling = ("layers" if task != "residue" else "mean") if pooling == "auto" else pooling
+    pooling = (richest if task != "residue" else "mean") if pooling == "auto" else pooling
     return FineTuneNet(encoder, task, 1 if task == "regression" else len(classes), pooling, dropout, window), window
 
 
 def _auto_pooling(net: FineTuneNet, data: dict[str, Encoded], pooling: str, max_tokens: int, scale, select_by: str,
-                  confidence: float, dropout: float, window: int, seed: int, by_cv: bool = False):
-    """pooling=auto (:func:`~.pooling_choice.choose_pooling`) on ``net``, built with an every-layer head: those
-    features hold the mean head's, so one pass chooses and feeds the probe.  Returns the net with the chosen
-    head (the mean's as a plain pooling=mean run seeds it), the pooling, the choice's summary and the training
-    split's features (None, None where there was no choice: another pooling, or task=residue)."""
+                  confidence: float, dropout: float, window: int, seed: int, by_cv: bool = False,
+                  choices: tuple[str, ...] = CHOICES):
+    """pooling=auto (:func:`~.pooling_choice.choose_pooling`) among ``choices`` on ``net``, built with the last
+    choice's head: its features hold the others', so one pass chooses and feeds the probe.  Returns the net
+    with the chosen head (seeded as a plain run of that pooling seeds it), the pooling, the choice's summary
+    and the training split's features (None, None where there was no choice: another pooling, or task=residue)."""
     if pooling != "auto" or net.task == "residue":
         return net, "mean" if pooling == "auto" else pooling, None, None
-    pooling, choice, features = choose_pooling(net, data, max_tokens, scale, select_by, confidence, seed, by_cv)
-    if pooling != "layers":
+    pooling, choice, features = choose_pooling(net, data, max_tokens, scale, select_by, confidence, seed, by_cv,
+                                               choices)
+    if pooling != choices[-1]:
         torch.manual_seed(seed)
         net = FineTuneNet(net.encoder, net.task, net.head.out.out_features, pooling, dropout, window)
     return net, pooling, choice, features

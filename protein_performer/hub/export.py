@@ -258,6 +258,7 @@ def finetuned_config(net: FineTuneNet, meta: dict) -> dict:
         "auto_map": {"AutoConfig": config["auto_map"]["AutoConfig"],
                      **{a: f"modeling_protein_performer.{c}" for c, a in HEAD_ARCHITECTURES.values()}},
         "finetune_task": meta["task"], "pooling": meta["pooling"], "classifier_dropout": meta["dropout"],
+        "pooling_ends": getattr(net.head, "ends", 0),
         "head_window": int(meta.get("window") or 0),
         "target_scale": meta["target_scale"], "num_labels": len(labels),
         "id2label": {str(i): c for i, c in enumerate(labels)}, "label2id": {c: i for i, c in enumerate(labels)},

@@ -18,7 +18,7 @@ from ..device import resolve_device
 from ..errors import UserError, one_line
 from ..model import ModelConfig, PerformerEncoder, PerformerLM
 from ..model.config import migrate
-from ..model.heads import FineTuneNet
+from ..model.heads import TERMINUS, FineTuneNet
 from ..tokenizer import VERSION, VOCABULARIES, Tokenizer
 
 
@@ -259,6 +259,9 @@ def load_finetuned(path, device="cpu") -> tuple[FineTuneNet, dict]:
                 "dropout": config.get("classifier_dropout", 0.0), "target_scale": config.get("target_scale"),
                 "ensemble": config.get("ensemble_share"),
                 "model": {k: v for k, v in config.items() if k in MODEL_KEYS or k == "config_version"}}
+        if config.get("pooling") == "termini" and config.get("pooling_ends") != TERMINUS:
+            raise UserError(f"{where}: pooling_ends={config.get('pooling_ends')!r}; this version's termini head "
+                            f"reads {TERMINUS} residues at each end")
     else:
         raise UserError(f"{d}: neither a finetune output ({FINETUNE_CONFIG}) nor an exported model ({CONFIG})")
     try:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..tokenizer import Tokenizer
-from .pooling import masked_mean, residue_mask
+from .pooling import end_masks, masked_mean, residue_mask
 
 
 class LMHead(nn.Module):
@@ -60,18 +60,26 @@ class SequenceClassificationHead(nn.Module):
         return masked_mean(hidden, residues)
 
 
+#: pooling=termini: the residues at each end of a protein whose mean the head reads too (N-terminal
+#: signal and transit peptides run 15 to 80 residues; docs/downstream.md, "pooling=termini")
+TERMINUS = 50
+
+
 class LayerMeansHead(nn.Module):
     """One output vector per protein from every layer: the mean over its residues of each hidden state
     (the token embedding, each block, the final norm), side by side, then dropout and a linear layer.
     Why: lower layers keep what the last one has traded for the masked-LM objective (a linear probe of
-    all of them beats the last alone: docs/probe_features.md)."""
+    all of them beats the last alone: docs/probe_features.md).  With ``ends`` = k > 0 (pooling=termini)
+    also the last hidden state's mean over the protein's first k and last k residues: where a protein
+    goes is written at its ends (signal and transit peptides), and a whole-protein mean dilutes them."""
 
     wants_layers = True  # FineTuneNet passes the list of hidden states, not the last one
 
-    def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0, layers: int = 1):
+    def __init__(self, dim: int, num_outputs: int, dropout: float = 0.0, layers: int = 1, ends: int = 0):
         super().__init__()
-        self.layers = int(layers)
-        self.drop, self.out = nn.Dropout(dropout), nn.Linear(dim * self.layers, num_outputs)
+        self.layers, self.ends = int(layers), int(ends)
+        width = dim * (self.layers + (2 if self.ends else 0))
+        self.drop, self.out = nn.Dropout(dropout), nn.Linear(width, num_outputs)
 
     def forward(self, hidden: list[torch.Tensor], residues: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: ``layers`` tensors (B, L, dim), residues (B, L) True where to pool -> (B, num_outputs)."""
@@ -80,7 +88,12 @@ class LayerMeansHead(nn.Module):
     def probe_features(self, hidden: list[torch.Tensor], residues: torch.Tensor | None = None) -> torch.Tensor:
         if len(hidden) != self.layers:
             raise ValueError(f"pooling=layers: {len(hidden)} hidden states for a head of {self.layers}")
-        return torch.cat([masked_mean(h, residues) for h in hidden], -1)
+        means = [masked_mean(h, residues) for h in hidden]
+        if self.ends:
+            mask = residues if residues is not None else torch.ones(hidden[-1].shape[:2], dtype=torch.bool,
+                                                                    device=hidden[-1].device)
+            means += [masked_mean(hidden[-1], m) for m in end_masks(mask, self.ends)]
+        return torch.cat(means, -1)
 
 
 class TokenClassificationHead(nn.Module):
@@ -149,7 +162,8 @@ def mix_outputs(tuned: torch.Tensor, probe: torch.Tensor, share: float, task: st
         return share * tuned.float() + (1 - share) * probe.float()
     return torch.logaddexp(F.log_softmax(tuned.float(), -1) + math.log(share),
                            F.log_softmax(probe.float(), -1) + math.log1p(-share))
-TASK_HEADS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead, "layers": LayerMeansHead}
+TASK_HEADS = {"mean": SequenceClassificationHead, "attention": AttentionPoolingHead, "layers": LayerMeansHead,
+              "termini": LayerMeansHead}
 
 
 class FineTuneNet(nn.Module):
@@ -170,7 +184,8 @@ class FineTuneNet(nn.Module):
         self.task, self.encoder = task, encoder
         dim = encoder.config.dim
         self.head = (TokenClassificationHead(dim, num_outputs, dropout, window) if task == "residue"
-                     else LayerMeansHead(dim, num_outputs, dropout, encoder.depth + 1) if pooling == "layers"
+                     else LayerMeansHead(dim, num_outputs, dropout, encoder.depth + 1,
+                                         TERMINUS if pooling == "termini" else 0) if pooling in ("layers", "termini")
                      else TASK_HEADS[pooling](dim, num_outputs, dropout))
         self.frozen: list[nn.Module] = []
         self.probe: FineTuneNet | None = None  # attach_probe: the frozen encoder and the probe's head
@@ -182,7 +197,7 @@ class FineTuneNet(nn.Module):
                 m.redraw_interval = 0
 
     def hidden(self, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None):
-        """What the head reads: the encoder's output (B, L, dim), or (pooling=layers) every hidden state."""
+        """What the head reads: the encoder's output (B, L, dim), or (pooling=layers, termini) every hidden state."""
         if getattr(self.head, "wants_layers", False):
             return self.encoder(tokens, padding_mask, return_layers=True)[1]
         return self.encoder(tokens, padding_mask)

@@ -25,3 +25,11 @@ def masked_mean(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
         return hidden.mean(1)
     m = mask.to(hidden.dtype)[..., None]
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1)
+
+
+def end_masks(mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) residue mask -> the masks of each protein's first ``k`` and last ``k`` residues (a protein
+    of ``k`` residues or fewer: all of them, in both), wherever its padding lies."""
+    seen = mask.long().cumsum(-1)                      # residues up to and including each position
+    total = seen[..., -1:]
+    return mask & (seen <= k), mask & (seen > total - k)

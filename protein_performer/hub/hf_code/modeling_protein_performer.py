@@ -406,23 +406,32 @@ class ProteinPerformerForCausalLM(ProteinPerformerLMHeadModel):
 
 class PoolingHead(nn.Module):
     """protein-performer's SequenceClassificationHead (mean) / AttentionPoolingHead (attention) /
-    LayerMeansHead (layers: the mean of every hidden state, side by side): the hidden states pooled over
-    the residues, then dropout and a linear layer."""
+    LayerMeansHead (layers: the mean of every hidden state, side by side; termini: and the last one's mean
+    over the first and the last ``ends`` residues): the hidden states pooled over the residues, then dropout
+    and a linear layer."""
 
-    def __init__(self, dim, num_labels, pooling, dropout, layers=1):
+    def __init__(self, dim, num_labels, pooling, dropout, layers=1, ends=0):
         super().__init__()
-        if pooling not in ("mean", "attention", "layers"):
-            raise ValueError(f"pooling must be 'mean', 'attention' or 'layers', got {pooling!r}")
-        self.pooling = pooling
+        if pooling not in ("mean", "attention", "layers", "termini"):
+            raise ValueError(f"pooling must be 'mean', 'attention', 'layers' or 'termini', got {pooling!r}")
+        if pooling == "termini" and not ends:
+            raise ValueError("pooling='termini' needs the config's pooling_ends (residues at each end)")
+        self.pooling, self.ends = pooling, int(ends) if pooling == "termini" else 0
         if pooling == "attention":  # a learned score per residue, softmax over the protein's residues
             self.score = nn.Linear(dim, 1)
         self.drop = nn.Dropout(dropout)
-        self.out = nn.Linear(dim * (layers if pooling == "layers" else 1), num_labels)
+        width = layers + (2 if self.ends else 0) if pooling in ("layers", "termini") else 1
+        self.out = nn.Linear(dim * width, num_labels)
 
     def forward(self, h, residues):
-        """h: the last hidden state (B, L, dim), or (pooling=layers) every hidden state."""
-        if self.pooling == "layers":
-            return self.out(self.drop(torch.cat([_mean(x, residues) for x in h], -1)))
+        """h: the last hidden state (B, L, dim), or (pooling=layers, termini) every hidden state."""
+        if self.pooling in ("layers", "termini"):
+            means = [_mean(x, residues) for x in h]
+            if self.ends:  # protein_performer.model.pooling.end_masks, copied to stand alone
+                seen = residues.long().cumsum(-1)
+                means += [_mean(h[-1], residues & (seen <= self.ends)),
+                          _mean(h[-1], residues & (seen > seen[..., -1:] - self.ends))]
+            return self.out(self.drop(torch.cat(means, -1)))
         if self.pooling == "mean":
             pooled = _mean(h, residues)
         else:
@@ -500,12 +509,13 @@ class ProteinPerformerTaskModel(ProteinPerformerPreTrainedModel):
         return ProteinPerformerModel(config), (
             TokenHead(config.dim, config.num_labels, dropout, getattr(config, "head_window", 0) or 0)
             if self.per_residue else
-            PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout, config.depth + 1))
+            PoolingHead(config.dim, config.num_labels, getattr(config, "pooling", "mean"), dropout, config.depth + 1,
+                        getattr(config, "pooling_ends", 0) or 0))
 
     def _logits(self, input_ids, attention_mask, output_hidden_states):
         """The head's logits (mixed with the probe's where the export is an ensemble) and the encoder's output."""
         residues = self._residues(input_ids)
-        layers = not self.per_residue and getattr(self.config, "pooling", "mean") == "layers"  # every hidden state
+        layers = not self.per_residue and getattr(self.config, "pooling", "mean") in ("layers", "termini")  # every hidden state
         out = self._hidden(input_ids, attention_mask, output_hidden_states or layers)
         logits = self.head(out.hidden_states if layers else out.last_hidden_state, residues)
         if self.probe is not None:
