@@ -72,11 +72,11 @@ RECIPES = {
                      "probe scores higher on the validation split in 0.9 of its bootstrap draws (pooling=auto; ss3: "
                      "a head per residue, as ensemble_epoch)",
                     {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5, "epoch_confidence": 0.9,
-                     "pooling": "auto", "pooling_confidence": 0.9}),
+                     "pooling": "auto", "pooling_confidence": 0.9, "pooling_choices": ["mean", "layers"]}),
     "pooling_cv": ("pooling_auto, the pooling chosen instead by the two probes' own cross-validated loss on the "
                    "training split (pooling_by=cv; ss3: as ensemble_epoch)",
                    {"stop_on": "metric", "patience": 1, "epochs": 6, "ensemble": 0.5, "epoch_confidence": 0.9,
-                    "pooling": "auto", "pooling_by": "cv"}),
+                    "pooling": "auto", "pooling_by": "cv", "pooling_choices": ["mean", "layers"]}),
     "pooling_termini": ("pooling_auto with a third candidate, every layer's mean and the last layer's over the first "
                         "and the last 50 residues (pooling_choices=[mean, layers, termini]), run at finetune's default "
                         "gate (min_confidence 0.9: its row is what the gate keeps, its own probe included)",

@@ -35,7 +35,8 @@ def test_the_choice_is_the_higher_probe_on_validation_by_hand(ckpt, tmp_path, mi
     encoder = ckpt[0].model.encoder
     torch.manual_seed(0)
     net = FineTuneNet(encoder, "classification", 2, "layers", dropout=0.0).eval()
-    chosen, summary, (X, y, _) = choose_pooling(net, data, 1200, (0.0, 1.0), "accuracy", min_confidence, seed=0)
+    chosen, summary, (X, y, _) = choose_pooling(net, data, 1200, (0.0, 1.0), "accuracy", min_confidence, seed=0,
+                                                choices=("mean", "layers"))
 
     dim, depth = encoder.config.dim, encoder.depth
     ref = {name: reference_features(encoder, [r[1] for r in part[name]], layers=True) for name in part}
@@ -71,7 +72,8 @@ def test_an_auto_run_is_the_plain_run_of_the_pooling_it_chose(ckpt, tmp_path, by
     runs = {}
     for pooling in ("auto", expect):
         out = tmp_path / pooling
-        result = FT.finetune(ckpt[1], labels, "classification", out, pooling=pooling, pooling_by=by, **kw)
+        result = FT.finetune(ckpt[1], labels, "classification", out, pooling=pooling, pooling_by=by,
+                             pooling_choices=["mean", "layers"], **kw)
         if pooling == "auto":  # the closing line says what was chosen, and on what
             on = "valid accuracy" if by == "valid" else "the training split's cross-validated log-loss"
             assert f"pooling=auto: {expect} ({on} of a linear probe: mean " in FT.format_metrics(result)
@@ -160,7 +162,8 @@ def test_by_cv_the_choice_is_the_probe_with_the_lower_cross_validated_loss_by_ha
     scale = (float(target["train"].mean()), float(target["train"].std())) if task == "regression" else (0.0, 1.0)
     torch.manual_seed(0)
     net = FineTuneNet(encoder, task, 1 if task == "regression" else 2, "layers", dropout=0.0).eval()
-    chosen, summary, (X, y, pipe) = choose_pooling(net, data, 1200, scale, "loss", 0.9, seed=0, by_cv=True)
+    chosen, summary, (X, y, pipe) = choose_pooling(net, data, 1200, scale, "loss", 0.9, seed=0, by_cv=True,
+                                                   choices=("mean", "layers"))
 
     t = (target["train"] - scale[0]) / scale[1]
     loss = {pooling: cross_validated_log_loss(ref["train"][:, cols], t.astype(int)) if task == "classification"
@@ -224,13 +227,12 @@ def test_termini_is_chosen_where_only_the_ends_tell_by_hand(ckpt, tmp_path):  # 
     assert pipe[0].n_features_in_ == (depth + 3) * dim
 
 
-def test_an_auto_run_that_chose_termini_is_the_plain_termini_run(ckpt, tmp_path):  # noqa: F811
+def test_a_default_run_that_chose_termini_is_the_plain_termini_run(ckpt, tmp_path):  # noqa: F811
     _, labels = signal_at_start_or_within(tmp_path, 120, seed=1)
     kw = dict(lr=1e-3, head_lr=1e-2, dropout=0.0, patience=10, max_tokens=4000,
               trainer={"max_epochs": 1, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
-    auto = FT.finetune(ckpt[1], labels, "classification", tmp_path / "auto", pooling="auto",
-                       pooling_choices=["mean", "layers", "termini"], pooling_confidence=0.0, **kw)
-    assert auto["pooling"]["chosen"] == "termini"
+    auto = FT.finetune(ckpt[1], labels, "classification", tmp_path / "auto", **kw)  # pooling=auto, the default choices
+    assert auto["pooling"]["chosen"] == "termini" and auto["pooling"]["choices"] == ["mean", "layers", "termini"]
     assert "pooling=auto: termini (valid accuracy of a linear probe: mean " in FT.format_metrics(auto)
     plain = FT.finetune(ckpt[1], labels, "classification", tmp_path / "plain", pooling="termini", **kw)
     assert read_predictions(tmp_path / "auto") == read_predictions(tmp_path / "plain")
