@@ -72,8 +72,7 @@ def test_an_auto_run_is_the_plain_run_of_the_pooling_it_chose(ckpt, tmp_path, by
     runs = {}
     for pooling in ("auto", expect):
         out = tmp_path / pooling
-        result = FT.finetune(ckpt[1], labels, "classification", out, pooling=pooling, pooling_by=by,
-                             pooling_choices=["mean", "layers"], **kw)
+        result = FT.finetune(ckpt[1], labels, "classification", out, pooling=pooling, pooling_by=by, **kw)
         if pooling == "auto":  # the closing line says what was chosen, and on what
             on = "valid accuracy" if by == "valid" else "the training split's cross-validated log-loss"
             assert f"pooling=auto: {expect} ({on} of a linear probe: mean " in FT.format_metrics(result)
@@ -81,6 +80,7 @@ def test_an_auto_run_is_the_plain_run_of_the_pooling_it_chose(ckpt, tmp_path, by
                          json.loads((out / "finetune.json").read_text()))
     auto, plain = runs["auto"], runs[expect]
     assert auto[1]["pooling"]["chosen"] == expect and "pooling" not in plain[1]
+    assert auto[1]["pooling"]["choices"] == ["mean", "layers"]  # the default candidates: termini is an option
     assert auto[2]["pooling"] == plain[2]["pooling"] == expect  # what load_finetuned rebuilds
     assert read_predictions(auto[0]) == read_predictions(plain[0])
     assert auto[1]["selection"] == plain[1]["selection"] and auto[1]["accuracy"] == plain[1]["accuracy"]
@@ -227,11 +227,12 @@ def test_termini_is_chosen_where_only_the_ends_tell_by_hand(ckpt, tmp_path):  # 
     assert pipe[0].n_features_in_ == (depth + 3) * dim
 
 
-def test_a_default_run_that_chose_termini_is_the_plain_termini_run(ckpt, tmp_path):  # noqa: F811
+def test_an_auto_run_that_chose_termini_is_the_plain_termini_run(ckpt, tmp_path):  # noqa: F811
     _, labels = signal_at_start_or_within(tmp_path, 120, seed=1)
     kw = dict(lr=1e-3, head_lr=1e-2, dropout=0.0, patience=10, max_tokens=4000,
               trainer={"max_epochs": 1, "enable_progress_bar": False}, progress_every=None, progress_seconds=None)
-    auto = FT.finetune(ckpt[1], labels, "classification", tmp_path / "auto", **kw)  # pooling=auto, the default choices
+    auto = FT.finetune(ckpt[1], labels, "classification", tmp_path / "auto", pooling="auto",
+                       pooling_choices=["mean", "layers", "termini"], **kw)
     assert auto["pooling"]["chosen"] == "termini" and auto["pooling"]["choices"] == ["mean", "layers", "termini"]
     assert "pooling=auto: termini (valid accuracy of a linear probe: mean " in FT.format_metrics(auto)
     plain = FT.finetune(ckpt[1], labels, "classification", tmp_path / "plain", pooling="termini", **kw)
