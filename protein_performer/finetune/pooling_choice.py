@@ -40,7 +40,10 @@ CHOICES = ("mean", "layers")
 def check_choices(choices) -> tuple[str, ...]:
     """``pooling_choices`` as given -> a tuple: at least two of :data:`NESTED`, in its order (each candidate
     must hold the one before's features: one pass of the encoder feeds them all), else one line naming it."""
-    names = (choices,) if isinstance(choices, str) else tuple(choices) if choices is not None else ()
+    try:
+        names = (choices,) if isinstance(choices, str) else tuple(str(c) for c in choices)
+    except TypeError:  # a number, or null
+        names = (str(choices),)
     if len(names) < 2 or len(set(names)) != len(names) or not set(names) <= set(NESTED) \
             or list(names) != sorted(names, key=NESTED.index):
         raise UserError(f"pooling_choices={list(names)}: two or more of {', '.join(NESTED)}, in that order "
@@ -87,7 +90,7 @@ def choose_pooling(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, 
     cross-validation on the training split (:func:`choose_by_cv`)."""
     by = SELECT_BY[net.task][0] if select_by == "loss" else select_by
     dim, outputs = net.encoder.config.dim, net.head.out.out_features
-    if choices[-1] != "mean" and getattr(net.head, "ends", 0) != (TERMINUS if choices[-1] == "termini" else 0):
+    if not hasattr(net.head, "layers") or net.head.ends != (TERMINUS if choices[-1] == "termini" else 0):
         raise ValueError(f"pooling=auto among {choices}: the net's head must be {choices[-1]}'s, whose features hold "
                          f"the others'")
     X, y = frozen_features(net, data["train"], max_tokens, seed)
