@@ -80,29 +80,25 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
              pooling_choices=CHOICES) -> dict:
     """Fine-tune ``ckpt`` on ``labels`` and write ``output_dir``; returns the metrics.
 
-    ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and
-    feed-forward projection train instead of the encoder's weights (``lr`` is theirs), merged at the end.
-    ``window`` (task=residue): the head also sees that many residues on either side (None: :data:`RESIDUE_WINDOW`).
-    ``pooling``: mean, attention, layers, termini or auto (:func:`_auto_pooling`, among ``pooling_choices``, with
-    ``pooling_by``, ``pooling_confidence``).
-    ``head_init``: ``probe`` (LP-FT, :func:`~.head_init.probe_head_init`) or ``random``.  Whatever the start, a
-    linear probe of the frozen encoder is fitted on the training split (``probe_baseline``); the weights kept are
-    the best on the validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or
-    macro_f1, mcc, loss) of the probe, every epoch and (``interpolate``) the weights between the probe's and
-    the best epoch's at :data:`SHARES` (WiSE-FT), so fine-tuning never ends below its own probe on validation;
-    the best fine-tuned one is kept over the probe only when it wins in ``min_confidence`` of the bootstrap
-    draws of the validation proteins (:func:`~.confidence.bootstrap_confidence`; 0: whenever it scores higher).
-    ``ensemble``, ``epoch_confidence``: :func:`_ensemble`; ``refit_probe``: :func:`_refit_probe`; ``stop_on``:
-    early stopping (``patience``) on the validation ``metric`` ``select_by`` names, or the ``loss``.  Progress:
-    a line per epoch on stdout (and every ``progress_every`` steps or ``progress_seconds`` with the bar on)."""
+    ``lora``: LoRA adapters (rank ``lora_rank``, scale ``lora_alpha / lora_rank``) on every attention and feed-forward
+    projection train instead of the encoder's weights (``lr`` is theirs), merged at the end.  ``window``
+    (task=residue): residues the head also sees on either side (None: :data:`RESIDUE_WINDOW`).  ``pooling``: mean,
+    attention, layers, termini or auto (:func:`_auto_pooling`: ``pooling_choices``, ``pooling_by``,
+    ``pooling_confidence``).  ``head_init``: probe (LP-FT, :func:`~.head_init.probe_head_init`) or random.  A linear
+    probe of the frozen encoder is fitted on the training split (``probe_baseline``); the weights kept are the best
+    on the validation split by ``select_by`` (auto: accuracy, Spearman or residue accuracy; or macro_f1, mcc, loss)
+    of the probe, every epoch and (``interpolate``) the weights between the probe's and the best epoch's at
+    :data:`SHARES` (WiSE-FT); the best fine-tuned one is kept over the probe only when it wins in
+    ``min_confidence`` of the validation proteins' bootstrap draws (:func:`~.confidence.bootstrap_confidence`).
+    ``ensemble``, ``epoch_confidence``: :func:`_ensemble`; ``refit_probe``: :func:`_refit_probe`; ``stop_on``: early
+    stopping (``patience``) on select_by's ``metric`` or the ``loss``.  Progress: a line per epoch on stdout."""
     out = Path(output_dir)
     OutputGuard("finetune", {"ckpt": ckpt, "labels": labels, "sequences": sequences, "test_labels": test_labels}
                 ).folder_path("output_dir", out, holds=False)  # the output guard; what it holds: _check_output
-    select_by = _check_settings(task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
-                                head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
-                                probe_baseline, min_confidence, ensemble, epoch_confidence, pooling, pooling_confidence,
-                                refit_probe, pooling_by)
-    choices = check_choices(pooling_choices)
+    select_by, choices = _check_settings(
+        task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens, head_init, select_by,
+        schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate, probe_baseline, min_confidence, ensemble,
+        epoch_confidence, pooling, pooling_confidence, refit_probe, pooling_by, pooling_choices)
     tok = Tokenizer(unknown=unknown)
     ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
     classes, scale = _classes_and_scale(ex, split, task, labels)
@@ -112,9 +108,8 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     tok = replace(net.tokenizer, unknown=unknown)
     part = {s: np.flatnonzero(split == s) for s in SPLITS}
     data = _encode(ex, part, task, classes, tok)
-    net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by,
-                                                   pooling_confidence, dropout, window, seed, pooling_by == "cv",
-                                                   choices)
+    net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by, pooling_confidence,
+                                                   dropout, window, seed, pooling_by == "cv", choices)
     _adapt(net, freeze, gradient_checkpointing, adapters)
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
@@ -175,9 +170,10 @@ def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, 
 def _check_settings(task: str, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens,
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
                     probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0, pooling="mean",
-                    pooling_confidence=1.0, refit_probe=True, pooling_by="valid") -> str:
+                    pooling_confidence=1.0, refit_probe=True, pooling_by="valid",
+                    pooling_choices=CHOICES) -> tuple[str, tuple[str, ...]]:
     """Each setting checked before any file is read (one line naming the key); returns ``select_by``
-    with auto resolved to the task's metric."""
+    with auto resolved to the task's metric, and pooling=auto's candidates as a tuple."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= v < 1:
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
@@ -218,7 +214,7 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
     if isinstance(ensemble, bool) or not isinstance(ensemble, (int, float)) or not 0 < ensemble <= 1:
         raise UserError(f"ensemble={ensemble!r}: the best epoch's share of the output mix with the probe, in (0, 1] "
                         f"(1: the epoch alone)")
-    return select_by
+    return select_by, check_choices(pooling_choices)
 
 
 def _examples(labels, task: str, sequences, test_labels, tok: Tokenizer, valid_fraction: float,
