@@ -98,7 +98,10 @@ _MASKS: dict = {}
 
 
 def _upper(C: int, device) -> torch.Tensor:
-    """(C, C) bool, True above the diagonal (a later key), made once per length and device."""
+    """(C, C) bool, True above the diagonal (a later key), made once per length and device (in a
+    compiled graph, made in it: a cache filled while tracing is a guard that fails on the next call)."""
+    if torch.compiler.is_compiling():
+        return torch.ones(C, C, dtype=torch.bool, device=device).triu_(1)
     key = (C, str(device))
     if key not in _MASKS:
         _MASKS[key] = torch.ones(C, C, dtype=torch.bool, device=device).triu_(1)

@@ -179,7 +179,7 @@ def resolve_backend(backend: str, device, causal: bool = True, gated: bool = Tru
         chosen, why = "fla", f"the model runs on {device}"
     direction = "causal" if causal else "bidirectional"
     key = (backend, direction, device.type, chosen, why)
-    if key not in _announced:
+    if not torch.compiler.is_compiling() and key not in _announced:  # a log call inside a graph breaks it
         _announced.add(key)
         log.log(level, "%s linear attention: backend=%s runs %s (%s)", direction, backend, _PATHS[chosen], why)
     return chosen

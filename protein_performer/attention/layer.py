@@ -57,9 +57,14 @@ def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
       other maps head group by head group, causal through linear.py's loop over chunks: CPU cache budgets;
     * "parallel" (a GPU without fla): the whole sequence at once, a number of ops that does not grow
       with L: causal through chunk_parallel.py, bidirectional FAVOR+ fused in one block;
-    * "fla" (causal, CUDA): fla's chunk_simple_gla, all heads in one call (fla_backend.py)."""
+    * "fla" (causal, CUDA): fla's chunk_simple_gla, all heads in one call (fla_backend.py).
+
+    Inside ``torch.compile`` "torch" runs as "parallel": a fixed set of ops for the compiler to fuse, where
+    the torch path's Python loops over blocks and chunks would unroll into a graph that grows with L."""
     if feature_map is None:
         return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
+    if torch.compiler.is_compiling() and backend == "torch":
+        backend = "parallel"  # a graph takes the whole-sequence ops (the torch path's loops would unroll)
     whole = backend != "torch"
     if isinstance(feature_map, FavorPlus) and not (causal and whole):
         return fused_favor_attention(feature_map.exponent, q, k, v, key_padding_mask, feature_map.normalizer_eps,
@@ -162,7 +167,10 @@ class Attention(nn.Module):
         seed = projection_seed(self.seed, self.redraws, self.run_seed)
         self.feature_map.redraw(torch.Generator().manual_seed(seed))
 
-    def _maybe_redraw(self) -> None:
+    def count_forward(self) -> None:
+        """Count one training forward call and redraw when the schedule says so.  Eager forward calls do
+        it themselves; a compiled model counts between steps instead (:func:`count_forwards`), as a
+        Python counter inside the graph would be a guard that changes every step (a recompile each)."""
         if not self.training:
             return
         if self.redraw_interval and self.forward_calls > 0 and self.forward_calls % self.redraw_interval == 0:
@@ -173,7 +181,10 @@ class Attention(nn.Module):
         """How the kernel runs on ``device`` ("torch", "parallel" or "fla"), resolved once per device type."""
         if self._resolved is None or self._resolved[0] != device.type:
             gated = isinstance(self.feature_map, FavorPlus)   # fla gets a per-position gate (the running max)
-            self._resolved = (device.type, fla_backend.resolve_backend(self.backend, device, self.causal, gated))
+            resolved = (device.type, fla_backend.resolve_backend(self.backend, device, self.causal, gated))
+            if torch.compiler.is_compiling():  # kept only outside a graph: state set while tracing is a
+                return resolved[1]             # guard that fails on the next call (a recompile)
+            self._resolved = resolved
         return self._resolved[1]
 
     # -- parallel forward ------------------------------------------------------------------
@@ -201,7 +212,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | AttentionMasks | None = None) -> torch.Tensor:
         """x (B, L, dim), key_padding_mask (B, L) bool True = padding, or the forward's shared
         :class:`~.masks.AttentionMasks` (the encoder builds one for all layers) -> (B, L, dim)."""
-        self._maybe_redraw()
+        if not torch.compiler.is_compiling():
+            self.count_forward()
         q, k, v = self._qkv(x)
         masks = AttentionMasks.of(key_padding_mask, x.shape[1])
         key_padding_mask = masks.key_padding_mask
@@ -289,3 +301,11 @@ class Attention(nn.Module):
                 f"nb_features={self.num_features}, causal={self.causal}, chunk_size={self.chunk_size}, "
                 f"redraw_interval={self.redraw_interval}, seed={self.seed}"
                 + (f", local_heads={self.local_heads}, local_window={self.local_window}" if self.local_heads else ""))
+
+
+def count_forwards(model: nn.Module) -> None:
+    """One training forward call of every :class:`Attention` in ``model``, counted (and redrawn on
+    schedule) outside the graph: what a compiled model's step calls before its forward."""
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.count_forward()

@@ -1,7 +1,7 @@
 """What the layers of one forward pass share about the input: its padding and the local heads' band.
 
 Why: each layer used to decide for itself whether the padding mask held any padding (a host sync per
-layer) and to build the local heads' band mask (a dozen small ops per layer).  Both depend on the
+layer; now nobody inside the model looks: None means no padding) and to build the local heads' band mask (a dozen small ops per layer).  Both depend on the
 input only, so the encoder builds one :class:`AttentionMasks` per forward and hands it to every
 layer; a layer called on its own wraps a plain mask in one.
 """
@@ -13,14 +13,12 @@ from .local import local_band, local_bias
 
 
 class AttentionMasks:
-    """The key padding mask (B, L) bool, True = padding, or None when nothing is padded (decided once
-    here), and the local heads' additive band mask per (window, causal, heads, dtype), built on first use and kept."""
+    """The key padding mask (B, L) bool, True = padding, or None when nothing is padded (the caller's
+    word: a mask of all False is applied, not looked into), and the local heads' additive band mask per (window, causal, heads, dtype), built on first use and kept."""
 
     def __init__(self, key_padding_mask: torch.Tensor | None, length: int):
-        if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.bool()
-            if not key_padding_mask.any():
-                key_padding_mask = None
+        if key_padding_mask is not None:  # taken as given: whether it pads anything is the data path's call
+            key_padding_mask = key_padding_mask.bool()  # (a check here would be a host sync in every step)
         self.key_padding_mask, self.length = key_padding_mask, int(length)
         self._bands: dict = {}
 
