@@ -118,7 +118,9 @@ def generate(cfg: DictConfig) -> None:
 def compare(cfg: DictConfig) -> None:
     from .compare import compare as compare_kernels, flatten_overrides, perplexity_gaps
     from .evaluate import format_table
+    from .sequences import check_max_records
     s = settings(cfg)
+    check_max_records((s["train"].get("data") or {}).get("max_records"), "train.data.max_records")
     command = " ".join(a for a in sys.argv if not a.startswith("hydra.job.name="))
     doc = s["doc"] or Path(s["output_dir"]) / "comparison.md"  # tracked docs only when asked
     results = compare_kernels(s["models"], flatten_overrides(s["train"]), s["heldout"]["path"], s["output_dir"],

@@ -12,6 +12,7 @@ from .evaluate import evaluate, format_table
 from .files import write_bytes, write_json, write_text
 from .output_guard import OutputGuard
 from .formats import check_source
+from .sequences import check_max_records
 from .resources import conf_dir
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
                         f"exact-softmax reference the gaps are measured against, one of models={list(models)}")
     for key, path in held.items():  # a wrong path is one line now, not after every model has trained
         check_source(path, key)
+    check_max_records(eval_kwargs.get("max_records"), "heldout.max_records")
     check_time_budget(time_budget, calibration_reps)
     ckpts, train_info = [], {}
     extras = {name: list((model_overrides or {}).get(name, [])) for name in models}

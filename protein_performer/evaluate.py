@@ -42,7 +42,7 @@ from .data.sampler import MAX_TOKENS, token_budget_batches
 from .device import resolve_device
 from .hub.load import load_model
 from .data.collate import pad_batch
-from .sequences import read_sequences, skipped_text
+from .sequences import check_max_records, read_sequences, skipped_text
 from .hub.load import checkpoint_step
 from .tokenizer import Tokenizer
 from .errors import UserError
@@ -90,9 +90,7 @@ def load_proteins(path: str | Path, format: str | None = None, max_records: int 
                   unknown: str = "error", on_invalid: str = "error") -> list[Protein]:
     """Read and tokenize a FASTA or UniProt ``.dat`` file (plain or gzipped) under the one
     invalid-record policy of :func:`protein_performer.sequences.read_sequences`."""
-    if max_records is not None and (isinstance(max_records, bool) or not isinstance(max_records, int)
-                                    or max_records < 1):
-        raise UserError(f"data.max_records={max_records!r}: a positive number of records, or null for all")
+    check_max_records(max_records)
     stats: dict = {}
     entries = read_sequences(path, format, unknown=unknown, on_invalid=on_invalid, stats=stats)
     proteins = [Protein(e.id, e.tokens) for e in itertools.islice(entries, max_records)]

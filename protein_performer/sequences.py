@@ -107,6 +107,13 @@ def read_sequences(source: Any, format: str | None = None, *, tokenizer: Tokeniz
         yield Entry(rid, seq, tokens, where)
 
 
+def check_max_records(value, key: str = "data.max_records") -> None:
+    """Every command's "read only the first N records" setting, checked one way before any work
+    (``itertools.islice`` would otherwise raise a ValueError mid-run for -1, or take 2.5 as a bug)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UserError(f"{key}={value!r}: a positive number of records, or null for all")
+
+
 def skipped_text(stats: dict) -> str:
     """'3 invalid, 1 empty' (or 'none') for messages."""
     return ", ".join(f"{stats[k]} {k}" for k in SKIP_KINDS if stats.get(k)) or "none"

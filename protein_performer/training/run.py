@@ -33,6 +33,7 @@ from ..model import ModelConfig
 from ..model.config import migrate
 from ..model import PerformerLM
 from ..objectives import check_objective
+from ..sequences import check_max_records
 from ..tokenizer import Tokenizer
 from .progress import EVERY, SECONDS, check_progress, lightning_progress
 from .quiet import quiet_libraries
@@ -158,6 +159,7 @@ def check_settings(cfg: DictConfig) -> None:
         check_backend(attention.get("backend", "auto"), training_device((cfg.get("trainer") or {}).get("accelerator")),
                       causal=cfg.objective.name == "clm", gated=kernel in GATED_KERNELS)
     check_objective(cfg.objective.name)
+    check_max_records((cfg.get("data") or {}).get("max_records"))
     if cfg.get("init_from") and cfg.get("ckpt_path"):
         raise UserError(f"init_from={cfg.init_from} with ckpt_path={cfg.ckpt_path}: a resume continues its checkpoint "
                         f"(weights, optimiser, step); init_from starts a new run from other weights: give one of them")

@@ -1,0 +1,37 @@
+"""Issue 65's rough edges, items 1-8, as tests: each a setting or an input a new user tripped on,
+answered in one ``error:`` line with exit 2 and nothing written (or done right). Commands run
+through the console entry point in this process (tests/inprocess.py)."""
+import pytest
+
+from inprocess import checksums, run_main
+
+TRAIN = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
+         "data.max_len=48", "data.batch_size=16", "data.max_tokens=null", "data.crop_schedule=null",
+         "data.valid_fraction=0.1", "optim.warmup_steps=2", "trainer.enable_progress_bar=false",
+         "+trainer.enable_model_summary=false", "logger=none", "trainer.max_steps=2"]
+
+
+def one_line(code: int, out: str, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, out[-2000:], err[-3000:])
+    assert "Traceback" not in out + err
+    return lines[0]
+
+
+# --- item 1: max_records, one check for every command ---------------------------------------
+@pytest.mark.parametrize("value", ["-1", "0", "2.5", "true"])
+def test_max_records_is_checked_one_way_by_every_command(tmp_path, capsys, monkeypatch, ckpts, small_fasta, value):
+    monkeypatch.chdir(tmp_path)
+    shown = {"-1": "-1", "0": "0", "2.5": "2.5", "true": "True"}[value]
+    why = "a positive number of records, or null for all"
+    line = one_line(*run_main(capsys, "train", *TRAIN, f"data.path={small_fasta}", "hydra.run.dir=run",
+                              f"data.max_records={value}"))
+    assert line == f"error: data.max_records={shown}: {why}"
+    line = one_line(*run_main(capsys, "evaluate", f"ckpt={ckpts['mlm']}", f"data.path={small_fasta}",
+                              f"data.max_records={value}", "output_dir=ev"))
+    assert line == f"error: data.max_records={shown}: {why}"
+    for key in ("heldout.max_records", "train.data.max_records"):  # before any model trains
+        line = one_line(*run_main(capsys, "compare", "models=[linear]", "exact=linear", "hydra.run.dir=cmp",
+                                  f"train.data.path={small_fasta}", f"{key}={value}", "trainer.max_steps=2"))
+        assert line == f"error: {key}={shown}: {why}"
+    assert list(tmp_path.iterdir()) == []
