@@ -35,3 +35,16 @@ def test_max_records_is_checked_one_way_by_every_command(tmp_path, capsys, monke
                                   f"train.data.path={small_fasta}", f"{key}={value}", "trainer.max_steps=2"))
         assert line == f"error: {key}={shown}: {why}"
     assert list(tmp_path.iterdir()) == []
+
+
+# --- item 3: exact attention takes no linear-attention backend --------------------------------
+@pytest.mark.parametrize("objective", ["clm", "mlm"])
+@pytest.mark.parametrize("backend", ["fla", "parallel"])
+def test_exact_attention_refuses_a_backend_it_would_not_run(tmp_path, capsys, monkeypatch, small_fasta, objective,
+                                                            backend):
+    monkeypatch.chdir(tmp_path)
+    line = one_line(*run_main(capsys, "train", *TRAIN, "model=transformer", f"objective={objective}",
+                              f"data.path={small_fasta}", "hydra.run.dir=run", f"model.attention.backend={backend}"))
+    assert line == (f"error: model.attention.backend={backend}: exact attention (model.attention.kernel=exact) runs "
+                    f"no linear-attention backend; leave model.attention.backend=auto")
+    assert list(tmp_path.iterdir()) == []

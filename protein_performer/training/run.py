@@ -41,6 +41,7 @@ from .run_folder import check_own_files, check_run_folder, guard_run_folder, jou
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
 from .distill import (Distiller, check_architecture, data_to_model_ids, load_start, remap_frequencies,
                       student_config)
+from .compiled import check_compile_mode, compile_model, use_compile
 from .task import ProteinLM, load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,12 @@ def check_settings(cfg: DictConfig) -> None:
     refusal = REGISTRY[kernel].training_refusal
     if refusal:
         raise UserError(refusal)
+    backend = attention.get("backend", "auto")
+    if kernel == "exact" and backend != "auto":  # would be recorded as what ran, though SDPA ran
+        raise UserError(f"model.attention.backend={backend}: exact attention (model.attention.kernel=exact) runs no "
+                        f"linear-attention backend; leave model.attention.backend=auto")
     if kernel != "exact":  # backend=fla where it cannot run: one line now, not a crash in the first backward
-        check_backend(attention.get("backend", "auto"), training_device((cfg.get("trainer") or {}).get("accelerator")),
+        check_backend(backend, training_device((cfg.get("trainer") or {}).get("accelerator")),
                       causal=cfg.objective.name == "clm", gated=kernel in GATED_KERNELS)
     check_objective(cfg.objective.name)
     check_max_records((cfg.get("data") or {}).get("max_records"))
@@ -171,6 +176,8 @@ def check_settings(cfg: DictConfig) -> None:
     if not (isinstance(o.min_lr_ratio, (int, float)) and 0 <= o.min_lr_ratio <= 1):
         raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio!r}")
     check_progress(cfg.get("progress_every", EVERY), cfg.get("progress_seconds", SECONDS))
+    use_compile(cfg.get("compile", "auto"), "cpu")
+    check_compile_mode(cfg.get("compile_mode", "default"))
     if cfg.get("malloc", "keep") not in MALLOC_CHOICES:
         raise UserError(f"malloc={cfg.get('malloc')!r}; choose from {' | '.join(MALLOC_CHOICES)}")
 
@@ -286,9 +293,16 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
         check_own_files(run_dir, ("config.yaml",))
         guard_run_folder(run_dir, run_inputs(cfg), overwrite)  # the output guard (compare calls train directly)
+    device = training_device(cfg.trainer.get("accelerator"))
+    compiled = use_compile(cfg.get("compile", "auto"), device)
+    if cfg.data.get("buckets") == "auto":  # static shapes whenever steps are compiled (data/buckets.py)
+        cfg.data.buckets = "auto" if compiled else None
     datamodule = hydra.utils.instantiate(cfg.data)  # checks the data settings
     print(OmegaConf.to_yaml(cfg, resolve=True))
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed
+    if "buckets" in cfg.data:  # config.yaml records the set in force, not "auto"
+        cfg.data.buckets = getattr(datamodule, "buckets", None)
+    cfg.compile = compiled
     if cfg.get("malloc", "keep") == "keep":
         keep_freed_memory()  # large activations reused from step to step instead of page-faulted in again
     pl.seed_everything(cfg.seed, workers=True)
@@ -300,8 +314,10 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     written = journal(run_dir)
     if zero:
         remove_stale_temporaries(written)
-    if cfg.get("compile"):  # in place: state_dict keys and checkpoints are unchanged
-        task.model.compile(dynamic=True)
+    if compiled:  # in place: state_dict keys and checkpoints are unchanged
+        buckets = getattr(datamodule, "buckets", None) or []
+        compile_model(task.model, device, cfg.get("compile_mode", "default"), shapes=2 * len(buckets) + 2)
+        task.compiled = True
     n_params = sum(p.numel() for p in task.parameters())
     log.info("model: %s, %.2f M parameters", cfg.model.get("name", "?"), n_params / 1e6)
 
