@@ -4,6 +4,7 @@ it (self-contained remote code) to the same logits; broken files are one-line er
 them; the model card reports only what was measured or recorded."""
 import itertools
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -312,6 +313,33 @@ def test_the_cards_protein_performer_snippet_runs_as_written(exported):
     with torch.no_grad():
         ref = load_checkpoint(str(ckpt)).model
         assert torch.equal(scope["logits"], ref(ids)) and torch.equal(scope["hidden"], ref.encoder(ids))
+
+
+def test_the_documented_transformers_snippets_run_with_stdin_closed(exported, transformers, tmp_path, monkeypatch):
+    """docs/sharing.md's transformers code and the card's, as written, with stdin closed: the tokenizer
+    loads without remote code (no "[y/N]" prompt, which would stop a user at a terminal) and the model
+    gives the checkpoint's logits."""
+    ckpt, out = exported("softmax", "mlm")
+    prompts = []
+
+    def closed_stdin(prompt=""):
+        prompts.append(prompt)
+        raise EOFError
+    monkeypatch.setattr("builtins.input", closed_stdin)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(out, tmp_path / "my_model")
+    docs = (ROOT / "docs" / "sharing.md").read_text().split("```python\n")
+    sharing = next(b for b in docs if "from transformers" in b).split("```")[0]
+    card = (out / "README.md").read_text().split("```python\n")[2].split("```")[0]
+    ids = torch.as_tensor(TOK.encode("MKTAYIAKQR"), dtype=torch.long)[None]
+    with torch.no_grad():
+        ref = load_checkpoint(str(ckpt)).model(ids)
+    for snippet in (sharing, card.replace("path/to/this/directory", "my_model")):
+        scope = {}
+        with torch.no_grad():
+            exec(snippet, scope)
+        torch.testing.assert_close(scope["logits"][:1, :ids.shape[1]], ref, atol=1e-5, rtol=0)
+    assert prompts == []
 
 
 def test_model_card_reports_recorded_and_measured_figures_only(tmp_path):

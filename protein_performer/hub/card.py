@@ -9,6 +9,10 @@ from ..attention.feature_maps import REGISTRY, is_random
 from ..model import PerformerLM
 from .load import ARCHITECTURES
 
+#: the cards' tokenizer line: transformers' own class, no remote code (AutoTokenizer reads config.json
+#: first, whose model type is this project's, and stops at a "[y/N]" prompt to run the directory's code)
+TOKENIZER_LINE = "tokenizer = EsmTokenizer.from_pretrained(\"path/to/this/directory\")  # upper-case residues"
+
 
 def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | None, metrics: dict | None) -> str:
     """README.md: what the model is, what it was trained on, how well it does (only measured
@@ -74,8 +78,8 @@ def model_card(config: dict, model: PerformerLM, step: int | None, run: dict | N
               "hidden = model.encoder(ids)  # (1, L, dim), the final norm's output", "```", "",
               "With transformers only (torch and transformers >= 4.57; the model code is in this directory, "
               "self-contained, hence `trust_remote_code=True`):", "", "```python",
-              f"from transformers import AutoTokenizer, {auto}",
-              "tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/directory\")  # upper-case residues",
+              f"from transformers import EsmTokenizer, {auto}",
+              TOKENIZER_LINE,
               f"model = {auto}.from_pretrained(\"path/to/this/directory\", trust_remote_code=True)",
               "batch = tokenizer([\"MKTAYIAKQR\", \"MQIFVK\"], return_tensors=\"pt\", padding=True)",
               "logits = model(**batch).logits", "```", "",

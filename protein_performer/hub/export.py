@@ -21,7 +21,7 @@ from ..files import WrittenFiles, remove_path
 from ..model import ModelConfig, PerformerLM
 from ..model.heads import FineTuneNet
 from ..tokenizer import VERSION, Tokenizer
-from .card import model_card
+from .card import TOKENIZER_LINE, model_card
 from .load import (ARCHITECTURES, CARD, CONFIG, FINETUNE_CONFIG, HEAD_ARCHITECTURES, JOURNAL, MODEL_TYPE, REMOTE_CODE,
                    TOKENIZER_CONFIG, VOCAB, WEIGHTS, _exported_state, _some, checkpoint_step, load_finetuned,
                    load_pretrained)
@@ -291,8 +291,7 @@ def finetuned_card(config: dict, metrics: dict | None) -> str:
              "Labels: " + ", ".join(f"{i} = `{c}`" for i, c in config["id2label"].items()) + ".", "", "## Test split", ""]
     lines += ([f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}" for k, v in shown.items()]
               or ["Not recorded (no metrics.json in the finetune output)."])
-    lines += ["", "## Use", "", "```python", f"from transformers import AutoTokenizer, {auto}",
-              "tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/directory\")",
+    lines += ["", "## Use", "", "```python", f"from transformers import EsmTokenizer, {auto}", TOKENIZER_LINE,
               f"model = {auto}.from_pretrained(\"path/to/this/directory\", trust_remote_code=True)",
               "logits = model(**tokenizer([\"MKTAYIAKQR\"], return_tensors=\"pt\")).logits", "```", "",
               "With protein-performer: `protein_performer.hub.load.load_finetuned(\"path/to/this/directory\")`. "
