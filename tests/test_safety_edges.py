@@ -48,3 +48,25 @@ def test_exact_attention_refuses_a_backend_it_would_not_run(tmp_path, capsys, mo
     assert line == (f"error: model.attention.backend={backend}: exact attention (model.attention.kernel=exact) runs "
                     f"no linear-attention backend; leave model.attention.backend=auto")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- item 4: finetune's closing line counts proteins, not residues ---------------------------
+def test_residue_finetune_says_how_many_proteins_the_probe_was_refitted_on(tmp_path, capsys, ckpts):
+    import json
+    import random
+
+    from conftest import run_command
+    rng = random.Random(0)
+    seqs = ["".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(rng.randint(15, 45))) for _ in range(40)]
+    rows = [f"p{i},{s},{''.join(rng.choice('HEC') for _ in s)},{'test' if i < 8 else 'train'}"
+            for i, s in enumerate(seqs)]
+    labels = tmp_path / "residues.csv"
+    labels.write_text("id,sequence,label,split\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    code, stdout, err = run_command("finetune", capsys, f"ckpt={ckpts['mlm']}", f"labels={labels}", "task=residue",
+                                    f"output_dir={out}", "lr=0", "head_lr=0", "trainer.max_epochs=1", "max_tokens=1200")
+    assert code == 0, err
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["selection"]["kept"] == "probe" and m["probe"]["refit"]["proteins"] == 32
+    assert m["probe"]["refit"]["examples"] == sum(len(s) for s in seqs[8:])  # its residues
+    assert "then fitted again on all 32 training proteins, the validation proteins" in stdout

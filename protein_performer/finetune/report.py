@@ -110,7 +110,7 @@ def format_metrics(result: dict) -> str:
         refit = (result.get("probe") or {}).get("refit")
         if refit:
             whose = "" if sel["kept"] == "probe" else " its probe half"
-            choice += (f";{whose} then fitted again on all {refit['examples']:,} training proteins, the validation "
+            choice += (f";{whose} then fitted again on all {refit['proteins']:,} training proteins, the validation "
                        f"proteins finetune had held out of them included")
     pooled = result.get("pooling")
     if pooled and "cv_loss" in pooled:  # pooling=auto's choice by the probes' cross-validation

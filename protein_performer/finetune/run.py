@@ -151,9 +151,11 @@ def _refit_probe(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, sc
     """The kept probe (``net``: the kept network, or a kept mix's frozen probe member) fitted again on the
     training proteins and the validation proteins finetune held out of them, together (its C again by
     inner cross-validation): once the choice is made, the held-out labels need not go unused
-    (scikit-learn's refit), and the test split still chooses nothing. What was fitted."""
+    (scikit-learn's refit), and the test split still chooses nothing. What was fitted, with the proteins'
+    count (``examples`` counts residues for task=residue)."""
     both = Encoded(data["train"].tokens + data["valid"].tokens, data["train"].targets + data["valid"].targets)
-    return probe_head_init(net, both, max_tokens, scale, seed)
+    fitted = probe_head_init(net, both, max_tokens, scale, seed)
+    return None if fitted is None else {**fitted, "proteins": len(both)}
 
 
 def _meta(net: FineTuneNet, ckpt, task: str, classes: list, scale, window: int, adapters, **settings) -> dict:
