@@ -5,10 +5,12 @@ from typing import Iterable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from ..objectives import IGNORE, MASK_PROB, check_objective, clm_labels, mask_tokens, scored_example
 from ..tokenizer import Tokenizer
+from .buckets import bucket_shape
 
 
 class Collator:
@@ -19,12 +21,15 @@ class Collator:
     Validation (``fixed_seed`` set): each protein is scored as ``evaluate`` scores it
     (:func:`protein_performer.objectives.scored_example`): masks seeded from (seed, the
     protein's tokens), residue targets only, so the numbers do not depend on the batch.
+    With ``buckets`` (buckets.py) the batch is then padded to its bucket's length and to
+    ``max_tokens // bucket`` rows: one shape per bucket, the same masks and labels as without.
     """
 
     def __init__(self, tokenizer: Tokenizer, objective: str = "mlm", mask_prob: float = MASK_PROB,
-                 fixed_seed: int | None = None):
+                 fixed_seed: int | None = None, buckets=None, max_tokens: int | None = None):
         self.tokenizer, self.objective = tokenizer, check_objective(objective)
         self.mask_prob, self.fixed_seed = mask_prob, fixed_seed
+        self.buckets, self.max_tokens = buckets, max_tokens
 
     def __call__(self, batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         pad = self.tokenizer.pad_id
@@ -39,6 +44,10 @@ class Collator:
                 inputs, labels = clm_labels(tokens, pad)
             else:
                 inputs, labels = mask_tokens(tokens, self.tokenizer, None, self.mask_prob)
+        if self.buckets:
+            rows, length = bucket_shape(self.buckets, inputs.shape[1], inputs.shape[0], self.max_tokens)
+            grow = lambda x, v: F.pad(x, (0, length - x.shape[1], 0, rows - x.shape[0]), value=v)  # noqa: E731
+            inputs, labels = grow(inputs, pad), grow(labels, IGNORE)
         return {"inputs": inputs, "labels": labels, "padding_mask": inputs == pad}
 
 

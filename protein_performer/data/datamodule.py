@@ -15,6 +15,7 @@ from ..formats import check_source
 from ..objectives import MASK_PROB
 from ..sequences import read_sequences, skipped_text
 from ..tokenizer import Tokenizer
+from .buckets import bucketed, check_buckets, log_buckets, log_padding
 from .collate import Collator
 from .datasets import CropDataset
 from .sampler import TokenBudgetBatchSampler, check_crop_schedule
@@ -46,14 +47,16 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
     budget; steps count training batches (the trainer's ``global_step`` times
     ``accumulate_grad_batches``). Validation always uses the first ``max_len`` tokens
     (the final crop length), in file order, in batches under the token budget (or of
-    ``batch_size`` proteins without one), so its numbers stay comparable.
+    ``batch_size`` proteins without one), so its numbers stay comparable.  ``buckets`` (a list of
+    lengths, auto or null; buckets.py): every batch, training and validation, padded to a bucket's
+    length and rows, one shape per bucket (what compiled steps need).
     """
 
     def __init__(self, path: str, format: str | None = None, objective: str = "mlm", max_len: int = 512,
                  batch_size: int = 16, valid_fraction: float = 0.05, test_fraction: float = 0.0, num_workers: int = 0, seed: int = 0,
                  mask_prob: float = MASK_PROB, unknown: str = "error", on_invalid: str = "error",
                  max_records: int | None = None, max_tokens: int | None = None,
-                 crop_schedule: list | None = None):
+                 crop_schedule: list | None = None, buckets=None):
         super().__init__()
         self.path, self.format = Path(path), format
         self.objective, self.max_len, self.batch_size = objective, max_len, batch_size
@@ -72,6 +75,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
                             schedule[-1][1], max_len)
             schedule = [(s, min(c, max_len)) for s, c in schedule]  # max_len caps every crop
         self.max_tokens, self.crop_schedule = max_tokens, schedule
+        self.buckets = buckets  # resolved in setup (auto needs the longest crop)
         self.tokenizer = Tokenizer(unknown=unknown)
         self.train_seqs: list[np.ndarray] | None = None
         self.stats: dict = {}
@@ -98,30 +102,35 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         log.info("%s: %d train / %d valid records; skipped: %s", self.path, len(train), len(valid),
                  skipped_text(self.stats))
         self.aa_frequencies = amino_acid_frequencies(train, self.tokenizer)
+        longest = max(len(s) for s in itertools.chain(train, valid))
+        self.buckets = check_buckets(self.buckets, longest if self.max_len is None else min(self.max_len, longest))
+        log_buckets(self.buckets)
 
     def train_dataloader(self) -> DataLoader:
         ds = CropDataset(self.train_seqs, self.max_len, random_crop=True)
         if self.max_tokens is not None:
             return self._token_budget_loader(ds)
         return DataLoader(ds, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
-                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob),
+                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, buckets=self.buckets),
                           generator=torch.Generator().manual_seed(self.seed), drop_last=True,
                           persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         ds = CropDataset(self.valid_seqs, self.max_len, random_crop=False)
-        collate = Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=self.seed)
         if self.max_tokens is not None:  # file order, cut under the token budget: a long protein does not pad 31 others
             lengths = np.array([len(s) for s in self.valid_seqs], dtype=np.int64)
             if self.max_len is not None:
                 lengths = np.minimum(lengths, self.max_len)
             world, rank = self._ranks()
-            sampler = TokenBudgetBatchSampler(lengths, max(self.max_tokens, int(lengths.max())), shuffle=False,
-                                              seed=self.seed, num_replicas=world, rank=rank)
+            budget = max(self.max_tokens, int(bucketed(self.buckets, lengths).max()))
+            sampler = TokenBudgetBatchSampler(lengths, budget, shuffle=False, seed=self.seed, num_replicas=world,
+                                              rank=rank, buckets=self.buckets)
             return DataLoader(Batches(ds), sampler=sampler, batch_size=None, num_workers=self.num_workers,
-                              collate_fn=collate)
+                              collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=self.seed,
+                                                  buckets=self.buckets, max_tokens=budget))
         return DataLoader(ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          collate_fn=collate)
+                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=self.seed,
+                                              buckets=self.buckets))
 
     # --- token-budget training batches, length curriculum, mid-epoch resume ---------------
     def _batches_trained(self) -> int:
@@ -135,7 +144,8 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         world, rank = self._ranks()
         sampler = TokenBudgetBatchSampler(lengths, self.max_tokens, shuffle=True, seed=self.seed,
                                           num_replicas=world, rank=rank, crop_schedule=self.crop_schedule,
-                                          step_fn=self._batches_trained if self.trainer is not None else None)
+                                          step_fn=self._batches_trained if self.trainer is not None else None,
+                                          buckets=self.buckets)
         t = self.trainer
         if t is not None:
             sampler.set_epoch(t.current_epoch)  # Lightning reads len() before it calls set_epoch
@@ -147,12 +157,15 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         if self._resume is not None:
             self._apply_resume(sampler)
         self._train_sampler = sampler
+        if self.buckets:
+            log_padding(sampler)
         return DataLoader(Batches(ds), sampler=sampler, batch_size=None, num_workers=self.num_workers,
-                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob),
+                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, buckets=self.buckets,
+                                              max_tokens=self.max_tokens),
                           persistent_workers=self.num_workers > 0)
 
     def _batching(self) -> dict:
-        return {"max_tokens": self.max_tokens, "max_len": self.max_len,
+        return {"max_tokens": self.max_tokens, "max_len": self.max_len, "buckets": self.buckets,
                 "crop_schedule": None if self.crop_schedule is None else [list(e) for e in self.crop_schedule]}
 
     def _apply_resume(self, sampler: TokenBudgetBatchSampler) -> None:

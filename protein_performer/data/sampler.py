@@ -7,6 +7,9 @@ order. Rank ``r`` of ``R`` takes batches ``r, r+R, ...`` (training drops the las
 batches so all ranks take the same number of steps). ``state_dict`` / ``start`` resume an
 epoch after the batches already consumed, so nothing is seen twice or skipped.
 
+With ``buckets`` (buckets.py) a batch's padded size is items x the bucket of its longest item, so a
+batch holds at most ``max_tokens // bucket`` items (the collator pads it to exactly that many rows).
+
 Length curriculum (``crop_schedule``, a list of ``(step, crop_len)``): from training step
 ``s`` on, items are cropped to the ``crop_len`` of the last entry with ``step <= s`` and
 batches are cut on those cropped lengths under the same token budget (longer crops, fewer
@@ -28,6 +31,7 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from ..errors import UserError
+from .buckets import bucketed, padding_share
 
 #: padded tokens per batch (items x longest): the one default budget of every token-batched loop
 #: (training on shards, evaluate, embed, score)
@@ -41,7 +45,8 @@ class TokenBudgetBatchSampler(DistributedSampler):
 
     def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, pool_size: int | None = None, drop_last: bool | None = None,
-                 crop_schedule: Sequence[Sequence[int]] | None = None, step_fn: Callable[[], int] | None = None):
+                 crop_schedule: Sequence[Sequence[int]] | None = None, step_fn: Callable[[], int] | None = None,
+                 buckets: Sequence[int] | None = None):
         lengths = np.asarray(lengths, dtype=np.int64)
         if max_tokens < 1:
             raise UserError(f"max_tokens must be positive, got {max_tokens}")
@@ -58,6 +63,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         self.crop_schedule = check_crop_schedule(crop_schedule)
         self.step_fn = step_fn  # () -> global step of the next batch; None: count the batches yielded
         self._yielded = 0
+        self.buckets = list(buckets) if buckets else None  # batches cut on their bucket's length (buckets.py)
 
     # --- length curriculum -------------------------------------------------------------
     def crop_at(self, step: int) -> int:
@@ -129,8 +135,9 @@ class TokenBudgetBatchSampler(DistributedSampler):
         return out
 
     def _cut(self, pool: np.ndarray, lengths: np.ndarray | None = None) -> list[np.ndarray]:
-        """Greedy cut of ``pool`` (in its order) into batches within the token budget."""
-        lens = (self.lengths if lengths is None else lengths)[pool].tolist()
+        """Greedy cut of ``pool`` (in its order) into batches within the token budget (padded to their
+        bucket's length, with buckets)."""
+        lens = bucketed(self.buckets, (self.lengths if lengths is None else lengths)[pool]).tolist()
         out, i, m = [], 0, len(lens)
         budget = self.max_tokens
         if self.shuffle:  # sorted ascending: (count * last length) grows with the end, so bisect
@@ -173,6 +180,12 @@ class TokenBudgetBatchSampler(DistributedSampler):
             return len(self.rank_batches(self.epoch, self._first_step()))
         return len(self.rank_batches(self.epoch))
 
+    def padding(self) -> tuple[float, float]:
+        """Share of this epoch's padded tokens that are padding: (as batched, without buckets)."""
+        batches = self.rank_batches(self.epoch, self._first_step() if self.crop_schedule is not None else 0)
+        lens = [np.minimum(self.lengths[b[:, 0]], b[:, 1]) if b.ndim == 2 else self.lengths[b] for b in batches]
+        return padding_share(lens, self.buckets, self.max_tokens), padding_share(lens, None, None)
+
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.start = 0
@@ -205,11 +218,13 @@ def check_crop_schedule(schedule: Sequence[Sequence[int]] | None) -> list[tuple[
     return out
 
 
-def token_budget_batches(lengths: Sequence[int], token_budget: int, max_batch: int | None = None) -> list[list[int]]:
+def token_budget_batches(lengths: Sequence[int], token_budget: int, max_batch: int | None = None,
+                         buckets: Sequence[int] | None = None) -> list[list[int]]:
     """Indices grouped so that ``len(batch) * longest <= token_budget`` (padded tokens) and
     at most ``max_batch`` items, longest first so that an out-of-memory shows up at once;
-    a protein longer than the budget forms a batch of its own. (Inference: evaluation,
-    embedding.)"""
+    a protein longer than the budget forms a batch of its own; with ``buckets`` the longest is its
+    bucket's length. (Inference: evaluation, embedding.)"""
+    lengths = bucketed(buckets, np.asarray(lengths, dtype=np.int64)).tolist()
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches, cur, longest = [], [], 0
     for i in order:

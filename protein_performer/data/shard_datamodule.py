@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..objectives import MASK_PROB
 from ..tokenizer import Tokenizer
+from .buckets import check_buckets, log_buckets, log_padding
 from .collate import Collator
 from .concat import ConcatWindows
 from .datasets import CropDataset
@@ -85,7 +86,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
                  valid_fraction: float = 0.01, test_fraction: float = 0.01, unknown: str = "error",
                  on_invalid: str = "skip", dedup: bool = True, prepare_workers: int | None = None,
                  num_workers: int = 0, seed: int = 0, pool_size: int | None = None, progress: bool = True,
-                 download_retries: int = 5, download_backoff: float = 1.0):
+                 download_retries: int = 5, download_backoff: float = 1.0, buckets=None):
         super().__init__()
         if mode not in ("crop", "concat"):
             raise UserError(f"data.mode must be 'crop' or 'concat', got {mode!r}")
@@ -100,6 +101,9 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
                             on_invalid=on_invalid, dedup=dedup, workers=prepare_workers, progress=progress)
         self.num_workers, self.seed, self.pool_size = num_workers, seed, pool_size
         self.tokenizer = Tokenizer(unknown=unknown)
+        # static length buckets (buckets.py; auto: up to the longest item): one shape per bucket
+        self.buckets = check_buckets(buckets, concat_len if mode == "concat" else max_len)
+        log_buckets(self.buckets)
         self.prepared: PreparedData | None = None
         self._train_sampler: TokenBudgetBatchSampler | None = None
         self._progress = {"epoch": 0, "consumed": 0}
@@ -140,9 +144,12 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
     def _loader(self, split: str, train: bool) -> DataLoader:
         ds, lengths = self.dataset(split, train)
         world, rank = self._ranks()
-        sampler = TokenBudgetBatchSampler(lengths, self.max_tokens, shuffle=train, seed=self.seed,
-                                          num_replicas=world, rank=rank, pool_size=self.pool_size)
-        collate = Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=None if train else self.seed)
+        sampler = TokenBudgetBatchSampler(lengths, self.max_tokens, shuffle=train, seed=self.seed, num_replicas=world,
+                                          rank=rank, pool_size=self.pool_size, buckets=self.buckets)
+        collate = Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=None if train else self.seed,
+                           buckets=self.buckets, max_tokens=self.max_tokens)
+        if train and self.buckets:
+            log_padding(sampler)
         if train:
             if self._resume is not None:
                 sampler.load_state_dict(self._resume)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import Timer
 from torchmetrics import SumMetric
 
+from ..attention.layer import count_forwards
 from ..model import ModelConfig, PerformerLM
 from ..model.config import migrate
 from ..objectives import IGNORE, SUMS, Scores, check_objective, score_rows
@@ -62,6 +63,14 @@ class ProteinLM(pl.LightningModule):
             raise UserError(f"{key}={longest} is longer than the model's learned positions "
                             f"(model.max_positions={self.model.max_positions}): raise model.max_positions, "
                             f"lower {key}, or use model.position=rotary")
+
+    #: True once training/compiled.py compiled the model: the redraw schedule is then counted here,
+    #: between steps, not inside the graph
+    compiled = False
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if self.compiled:
+            count_forwards(self.model)
 
     def forward(self, inputs: torch.Tensor, padding_mask: torch.Tensor | None = None, **kw):
         return self.model(inputs, padding_mask, **kw)
