@@ -36,6 +36,12 @@ if [ "${1:-}" = --download ]; then
     ls -l "$WHEELS"
     exit 0
 fi
+# no CUDA GPU for torch: one line saying so and what to do, exit 2, before any output or install
+if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" >/dev/null 2>&1; then
+    echo "gpu_check: no CUDA GPU here (torch.cuda.is_available() is false, or torch does not import with $PY):" \
+         "run it on a machine with an NVIDIA GPU and a CUDA build of torch; the CPU tests are pytest -q" >&2
+    exit 2
+fi
 OUT=""
 if [ "${1:-}" = --out ]; then OUT="$2"; mkdir -p "$OUT"; fi
 LOGS="${OUT:-/tmp/gpu_check}"

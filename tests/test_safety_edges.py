@@ -70,3 +70,24 @@ def test_residue_finetune_says_how_many_proteins_the_probe_was_refitted_on(tmp_p
     assert m["selection"]["kept"] == "probe" and m["probe"]["refit"]["proteins"] == 32
     assert m["probe"]["refit"]["examples"] == sum(len(s) for s in seqs[8:])  # its residues
     assert "then fitted again on all 32 training proteins, the validation proteins" in stdout
+
+
+# --- item 5: the GPU check without a GPU ------------------------------------------------------
+def test_gpu_check_without_a_gpu_says_so_first_and_exits_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import ROOT
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the check runs")
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=dict(os.environ, PYTHON=sys.executable))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"gpu_check: no CUDA GPU here (torch.cuda.is_available() is false, or torch does not import with "
+        f"{sys.executable}): run it on a machine with an NVIDIA GPU and a CUDA build of torch; the CPU tests are pytest -q"]
+    assert list(tmp_path.iterdir()) == []
