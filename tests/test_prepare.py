@@ -4,6 +4,7 @@ byte comparison of shards after a kill."""
 import gzip
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from protein_performer.data.prepare import prepare
 from protein_performer.data.shards import PreparedData
 from protein_performer.data.split import SPLITS
 from protein_performer.formats.fasta import read_fasta
+from protein_performer.formats.text import BlockParseError
 from protein_performer.formats.uniprot import read_uniprot
 from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 
@@ -190,8 +192,28 @@ def test_bad_input_errors_name_file_and_line(tmp_path):
     with pytest.raises(ParseError, match=r"inv\.fasta:3: record 'b': invalid residue '1' at position 4"):
         prepare(p, data_dir=tmp_path / "c", workers=0, progress=False, on_invalid="error")
     p = write(tmp_path, "t.dat", b"ID   A   Reviewed;\nAC   P1;\nSQ   SEQUENCE\n     MKV\n")
-    with pytest.raises(ParseError, match=r"t\.dat: record 'P1'.*truncated"):
+    with pytest.raises(ParseError, match=r"t\.dat:1: record 'P1' is truncated"):
         prepare(p, data_dir=tmp_path / "c", workers=0, progress=False)
+
+
+def test_a_flat_file_record_without_its_terminator_names_the_files_line(tmp_path):
+    """The byte-level reader finds the missing '//' in a block of records (in a worker, which cannot
+    know the block's place in the file): the error names the line of the file, as the line reader
+    does, not a line within the block."""
+    records = [f"ID   E{k}   Reviewed;\nAC   P{k};\nDE   protein {k}\nSQ   SEQUENCE\n     MKVLA GHTW\n//\n"
+               for k in range(8)]
+    records[5] = records[5].replace("//\n", "")  # record P5, at line 31, runs into the next one
+    p = write(tmp_path, "cut.dat", "".join(records).encode())
+    message = (f"{p}:31: record 'P5' is truncated: no '//' terminator before the next record or the end of "
+               f"the file")
+    with pytest.raises(ParseError) as e:
+        prepare(p, data_dir=tmp_path / "c", workers=0, progress=False, block_size=100)
+    assert str(e.value) == message
+    with pytest.raises(ParseError) as e:  # the same when the source is one block
+        prepare(p, data_dir=tmp_path / "c", workers=0, progress=False)
+    assert str(e.value) == message
+    again = pickle.loads(pickle.dumps(BlockParseError(str(p), 12, "why")))  # as it comes back from a worker
+    assert str(again.in_file(19)) == f"{p}:32: why"
 
 
 def test_unknown_residues_can_map_to_x(tmp_path):

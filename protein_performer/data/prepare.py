@@ -38,7 +38,7 @@ from ..files import exclusive_lock, file_sha256, write_json
 from ..output_guard import OutputGuard
 from ..formats import SHARD_FORMATS, ParseError, TokenizedBlock, accession, check_source, detect_format, format_name
 from ..formats import iter_ranges, iter_text_blocks, tokenize_block
-from ..formats.text import is_gzip, read_range
+from ..formats.text import BlockParseError, is_gzip, read_range
 from ..tokenizer import VERSION, Tokenizer
 from .dedup import HashSet
 from .shards import MANIFEST, ShardWriter
@@ -387,7 +387,7 @@ def _run_parts(tasks, workers: int, out: Path, part: int, state: _State, seen: H
     runner = _Ordered(workers)
     writers = None
     try:
-        for off, res in runner.map(tasks):
+        for off, res in _in_file_lines(runner.map(tasks), state):
             if writers is None:
                 writers = {s: ShardWriter(out, s, part) for s in SPLITS}
             _absorb(res, off, state, seen, ids, writers, src, on_invalid)
@@ -405,6 +405,15 @@ def _run_parts(tasks, workers: int, out: Path, part: int, state: _State, seen: H
     finally:
         runner.close()
     return part, True
+
+
+def _in_file_lines(results, state: _State):
+    """``results`` in block order, a block's format error naming the file's line (the lines of the
+    blocks absorbed before it are counted in ``state``)."""
+    try:
+        yield from results
+    except BlockParseError as e:
+        raise e.in_file(state.newlines) from None
 
 
 def _summary(source: Path, out: Path, c: dict) -> str:

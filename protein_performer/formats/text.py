@@ -26,6 +26,22 @@ class ParseError(UserError):
     """A malformed input file; the message names file, record and line."""
 
 
+class BlockParseError(ParseError):
+    """A :class:`ParseError` at ``line`` (0-based) of a block of records: a worker tokenizing the block
+    cannot tell the file's line, which :meth:`in_file` names once the caller knows where the block starts."""
+
+    def __init__(self, source: str, line: int, what: str):
+        super().__init__(source, line, what)  # the arguments as given: it travels back from a worker process
+        self.source, self.line, self.what = source, line, what
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.what} (line {self.line + 1} of a block of records)"
+
+    def in_file(self, lines_before: int) -> ParseError:
+        """The error naming the file's line (``lines_before``: the file's lines before the block)."""
+        return ParseError(f"{self.source}:{lines_before + self.line + 1}: {self.what}")
+
+
 def _latin1_fallback(err: UnicodeDecodeError):
     # bytes that are not UTF-8 are read as Latin-1: any file opens, and messages show the
     # character the file holds ('é', not 'Ã©')

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .text import Format, ParseError, Record, line_starts, numbered_lines
+from .text import BlockParseError, Format, ParseError, Record, line_starts, numbered_lines
 
 
 def read_uniprot(path: str | Path, *, skip_empty: bool = False, stats: dict | None = None) -> Iterator[Record]:
@@ -86,8 +86,8 @@ def _spans(buf: bytes, source: str):
         acc = buf[ac + 6: buf.find(b"\n", ac + 1, e)].replace(b";", b" ").split() if ac >= 0 and (sq < 0 or ac < sq) else []
         ids.append(acc[0] if acc else (name[0] if name else b"?"))
         if term < 0:
-            raise ParseError(f"{source}: record {ids[-1].decode('utf-8', 'replace')!r} (line {int(k[i]) + 1} of its block) is "
-                             f"truncated: no '//' terminator before the next record or the end of the file")
+            raise BlockParseError(source, int(k[i]), f"record {ids[-1].decode('utf-8', 'replace')!r} is truncated: "
+                                                     f"no '//' terminator before the next record or the end of the file")
         if sq < 0 or sq > term:
             errors[i] = "no SQ sequence block"
             s0.append(term)
