@@ -217,8 +217,9 @@ def generate(model, num_samples: int = 1, max_length: int = 100, min_length: int
         raise GenerationError("generation needs a causal model (trained with objective=clm); "
                               "this one is bidirectional (objective=mlm)")
     prompt_ids = encode_prompt(prompt, tokenizer)
-    if len(prompt_ids) > max_length:
-        raise GenerationError(f"prompt has {len(prompt_ids)} residues, more than max_length={max_length}")
+    if len(prompt_ids) >= max_length:  # not an empty sample scored nan: the user asked for generated residues
+        raise GenerationError(f"prompt has {len(prompt_ids)} residues, max_length={max_length} leaves none to generate "
+                              f"(max_length counts the prompt): give max_length above {len(prompt_ids)}")
     if getattr(model, "pos_embed", None) is not None and max_length > model.max_positions:
         raise GenerationError(f"max_length={max_length} exceeds the model's learned positions "
                               f"(model.max_positions={model.max_positions}); generate shorter proteins")
@@ -377,6 +378,7 @@ def run(ckpt: str, output: str, num_samples: int = 10, max_length: int = 256, mi
     guard = OutputGuard("generate", {"ckpt": ckpt or None}, overwrite=overwrite)
     guard.file("output", output)
     guard.file("output (its report)", json_path)
+    guard.sweep()
     check_generate_settings(max_length, min_length, temperature, top_k, top_p, num_samples, batch_size)
     try:
         dev = resolve_device(device)

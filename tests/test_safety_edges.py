@@ -91,3 +91,19 @@ def test_gpu_check_without_a_gpu_says_so_first_and_exits_2(tmp_path):
         f"gpu_check: no CUDA GPU here (torch.cuda.is_available() is false, or torch does not import with "
         f"{sys.executable}): run it on a machine with an NVIDIA GPU and a CUDA build of torch; the CPU tests are pytest -q"]
     assert list(tmp_path.iterdir()) == []
+
+
+# --- item 6: a prompt as long as max_length ---------------------------------------------------
+def test_generate_refuses_a_prompt_that_leaves_nothing_to_generate(tmp_path, capsys, monkeypatch, ckpts):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("mine\n")
+    line = one_line(*run_main(capsys, "generate", f"ckpt={ckpts['clm']}", "prompt=MKTAY", "max_length=5",
+                              "num_samples=2", "output=out.fasta"))
+    assert line == ("error: prompt has 5 residues, max_length=5 leaves none to generate (max_length counts the "
+                    "prompt): give max_length above 5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    code, out, err = run_main(capsys, "generate", f"ckpt={ckpts['clm']}", "prompt=MKTAY", "max_length=6",
+                              "num_samples=2", "output=out.fasta")
+    assert code == 0, err
+    records = (tmp_path / "out.fasta").read_text().split(">")[1:]
+    assert len(records) == 2 and all("length=6 " in r and "mean_loglik=nan" not in r for r in records)
