@@ -21,6 +21,7 @@ kernels cannot run here (a few launches per layer on a GPU by construction).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -83,6 +84,62 @@ def layer_ops(attention: dict, causal: bool, L: int, backend: str) -> tuple[int,
     return counts[1][0] - counts[0][0], counts[1][1] - counts[0][1]
 
 
+#: compiled models: the kernels inductor generates (C++ on a CPU, Triton on a GPU) and the calls it leaves to
+#: libraries (GEMMs, SDPA: extern_kernels.*, aten fallbacks), counted in the generated code's call()
+COMPILED_CALL = re.compile(r"^\s+(?:\w+ = )?(?:(?P<fused>(?:cpp|triton)_\w+)(?:\.run)?\(|"
+                           r"(?P<extern>extern_kernels\.\w+|torch\.ops\.aten\.\w+)(?:\.\w+)?\()", re.M)
+COMPILED_KERNELS = {k: v for k, v in KERNELS.items() if "elu+1 + local" not in k}
+
+
+def compiled_calls(attention: dict, causal: bool, L: int, depth: int) -> tuple[int, int]:
+    """(generated kernels, extern calls) of the compiled forward + backward of a depth-``depth`` model."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    from protein_performer.model import ModelConfig, PerformerLM
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = PerformerLM(ModelConfig(dim=64, depth=depth, heads=2, causal=causal, dropout=0.0, attention=attention))
+    model.compile(fullgraph=True, dynamic=False)
+    tokens = torch.randint(4, 24, (1, L))
+    _, codes = run_and_get_code(lambda: model(tokens).float().logsumexp(-1).mean().backward())
+    calls = [m for code in codes for m in COMPILED_CALL.finditer(code[code.index("def call("):])]
+    return sum(m["fused"] is not None for m in calls), sum(m["extern"] is not None for m in calls)
+
+
+def measure_compiled(lengths: list[int], out=print) -> list[dict]:
+    """Compiled kernels per layer (depth 2 minus depth 1), forward + backward."""
+    rows = []
+    for causal in (False, True):
+        for name, att in COMPILED_KERNELS.items():
+            for L in lengths:
+                if att["kernel"] == "exact" and L > EXACT_MAX:
+                    continue
+                (f1, e1), (f2, e2) = (compiled_calls(att, causal, L, depth) for depth in (1, 2))
+                rows.append(dict(objective="causal" if causal else "bidirectional", kernel=name, L=L,
+                                 fused=f2 - f1, extern=e2 - e1))
+                out(rows[-1])
+    return rows
+
+
+def compiled_table(rows: list[dict], lengths: list[int]) -> list[str]:
+    exact = {r["objective"]: r["fused"] + r["extern"] for r in rows if r["kernel"] == "exact"}
+    lines = []
+    for objective in ("bidirectional", "causal"):
+        lines += [f"### {objective}, compiled", "", "Per layer, forward + backward: generated kernels + extern calls "
+                  "(GEMMs, SDPA) = launches (× exact's launches in brackets).", ""]
+        body = []
+        for kernel in COMPILED_KERNELS:
+            cells = [kernel]
+            for L in lengths:
+                r = next((r for r in rows if (r["objective"], r["kernel"], r["L"]) == (objective, kernel, L)), None)
+                n = None if r is None else r["fused"] + r["extern"]
+                cells.append("-" if r is None else f"{r['fused']} + {r['extern']} = {n} ({n / exact[objective]:.2f}×)")
+            body.append(cells)
+        lines += common.md_table(["kernel"] + [f"L = {L:,}" for L in lengths], body) + [""]
+    return lines
+
+
 def measure(lengths: list[int], out=print) -> list[dict]:
     rows = []
     for causal in (False, True):
@@ -125,8 +182,13 @@ def main(argv=None) -> None:
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     p.add_argument("--doc", default=str(common.DOCS / "launches.md"))
     p.add_argument("--no-doc", action="store_true")
+    p.add_argument("--compiled", action="store_true", help="the compiled models' kernels instead (inductor; "
+                   f"about 10 minutes on 2 cores) -> {COMPILED_DOC.name}")
     a = p.parse_args(argv)
     lengths = [int(x) for x in a.lengths.split(",")]
+    if a.compiled:
+        main_compiled(a, argv, lengths)
+        return
     rows = measure(lengths, out=lambda r: print(r, flush=True))
     lines = ["# Aten ops per layer (a CPU proxy for GPU kernel launches)", "",
              f"`{common.command_line('benchmarks/launches.py', argv or [])}` at {common.git_commit()}: dim 64, "
@@ -139,6 +201,26 @@ def main(argv=None) -> None:
     if not a.no_doc:
         common.write_doc(a.doc, "\n".join(lines) + "\n", keep_below=True)
         print(f"wrote {a.doc}")
+
+
+COMPILED_DOC = common.DOCS / "launches_compiled.md"
+COMPILED_LENGTHS = "1024,65536"
+
+
+def main_compiled(a, argv, lengths) -> None:
+    rows = measure_compiled(lengths, out=lambda r: print(r, flush=True))
+    lines = ["# Kernels per layer of the compiled model (what a GPU would launch)", "",
+             f"`{common.command_line('benchmarks/launches.py', argv or [])}` at {common.git_commit()}: the model "
+             "compiled as compile=true does (fullgraph, static shape; training/compiled.py), dim 64, 2 heads, batch 1, "
+             "dropout 0; per layer = a depth-2 model minus a depth-1 model, forward + backward of the LM loss; "
+             "counted in the code inductor generates on this CPU (C++ kernels; a GPU's Triton kernels are fused "
+             "the same way, one kernel each) and its extern calls (GEMMs, SDPA). Exact attention counted up to "
+             f"L = {EXACT_MAX:,}. Goals (issue 63): the default ≤ 1.5× exact's launches bidirectional, ≤ 3× "
+             "causal, constant in L.", ""] + compiled_table(rows, lengths)
+    print("\n".join(lines))
+    if not a.no_doc:
+        common.write_doc(COMPILED_DOC, "\n".join(lines) + "\n", keep_below=True)
+        print(f"wrote {COMPILED_DOC}")
 
 
 if __name__ == "__main__":

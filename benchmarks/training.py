@@ -416,7 +416,13 @@ def main() -> None:
     ap.add_argument("--kernel", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
+    ap.add_argument("--vs-compiled", action="store_true", help="the default model eager against compile=true, "
+                    "paired (benchmarks/compiled_step.py) -> docs/benchmarks_compile.md")
     args = ap.parse_args()
+    if args.vs_compiled:
+        from benchmarks import compiled_step
+        compiled_step.main(["--threads", str(args.threads)])
+        return
     args.steps = args.steps or (2 if args.quick else 3)
     if args.worker:
         worker(args)

@@ -35,12 +35,14 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from .objectives import IGNORE, MASK_PROB, Scores, score_rows, scored_example
 from .data.sampler import MAX_TOKENS, token_budget_batches
 from .device import resolve_device
 from .hub.load import load_model
+from .data.buckets import check_buckets
 from .data.collate import pad_batch
 from .sequences import check_max_records, read_sequences, skipped_text
 from .hub.load import checkpoint_step
@@ -161,13 +163,14 @@ def check_mask_prob(mask_prob) -> None:
 def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: float = MASK_PROB,
                    max_tokens: int = MAX_TOKENS, batch_size: int = 64, window: int | None = 4096,
                    stride: int | None = 2048, device: str = "cpu", progress: bool = True,
-                   desc: str = "evaluate") -> dict:
+                   desc: str = "evaluate", buckets=None) -> dict:
     """Score ``sequences`` (Protein objects, strings or token arrays) with ``model`` (a
     ProteinLM, a checkpoint path or anything :func:`protein_performer.hub.load.load_model` takes).
 
     Returns ``metrics.json``'s content: the figures overall, ``buckets`` (the same figures
     per length bucket) and ``evaluation`` (objective, seed, attention kernel and whether
-    proteins were seen whole or windowed)."""
+    proteins were seen whole or windowed).  ``buckets``: batches padded to these lengths
+    (data/buckets.py; the same figures, one shape per bucket)."""
     check_mask_prob(mask_prob)
     loaded = load_model(model, device)
     net, tokenizer, objective = loaded.net, loaded.tokenizer, loaded.objective
@@ -192,16 +195,18 @@ def evaluate_model(model, sequences: Sequence, *, seed: int = 0, mask_prob: floa
             lab[own_s - s:own_e - s] = labels[own_s:own_e]
             pieces.append(Piece(i, inputs[s:e], lab))
 
+    buckets = check_buckets(buckets, max(len(p.inputs) for p in pieces), "buckets")
     per_seq = [Scores(sequences=1) for _ in proteins]
     total = sum(len(p.inputs) for p in pieces)
     bar = None
     if progress:  # tqdm's bar on a terminal; in a log, a plain line every 50 batches or 30 s
         from .training.progress import progress_bar
         bar = progress_bar(total, desc, "tokens", stream=sys.stderr, tqdm_kw={"unit": "tok", "unit_scale": True})
-    for idx in token_budget_batches([len(p.inputs) for p in pieces], max_tokens, batch_size):
+    for idx in token_budget_batches([len(p.inputs) for p in pieces], max_tokens, batch_size, buckets):
         batch = [pieces[i] for i in idx]
-        inputs, padding = pad_batch([p.inputs for p in batch], tokenizer.pad_id)
+        inputs, padding = pad_batch([p.inputs for p in batch], tokenizer.pad_id, buckets)
         labels = pad_sequence([p.labels for p in batch], batch_first=True, padding_value=IGNORE)
+        labels = F.pad(labels, (0, inputs.shape[1] - labels.shape[1]), value=IGNORE)
         rows = score_rows(net(inputs.to(dev), None if padding is None else padding.to(dev)), labels.to(dev), freqs)
         rows = {k: v.tolist() for k, v in rows.items()}
         for r, p in enumerate(batch):
@@ -355,6 +360,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
                   for i, n in enumerate(labels)]
     for f in files:
         guard.file(f"output_dir/{f.relative_to(out)}", f)
+    guard.sweep()
     proteins = load_proteins(data_path, format, max_records, unknown, on_invalid)
     results: dict[str, dict] = {}
     for path, name in zip(paths, labels):
@@ -376,6 +382,7 @@ def evaluate(ckpt: str | Sequence[str], data_path: str | Path, output_dir: str |
             write_json(out / name / "metrics.json", m, indent=2)
     write_csv(results, out / "metrics.csv")
     plot(results, out / "metrics.png", title=Path(data_path).name)
+    guard.seal(*files)
     _log_wandb(results, out / "metrics.png")
     return results
 

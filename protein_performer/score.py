@@ -43,6 +43,7 @@ from .errors import UserError
 from .files import write_json, write_text
 from .output_guard import OutputGuard
 from .hub.load import load_model
+from .data.buckets import check_buckets
 from .data.collate import pad_batch
 from .sequences import read_sequences
 from .formats import ParseError, check_source
@@ -242,8 +243,10 @@ class Scorer:
     """Log-probabilities from a loaded model: masked copies under a token budget, one
     unmasked forward, and the causal ratio in RNN mode."""
 
-    def __init__(self, loaded, max_tokens: int = MAX_TOKENS, rnn_batch: int = 256, precision: str = "32"):
+    def __init__(self, loaded, max_tokens: int = MAX_TOKENS, rnn_batch: int = 256, precision: str = "32",
+                 buckets=None):
         self.net, self.tokenizer, self.kernel = loaded.net, loaded.tokenizer, loaded.kernel
+        self.buckets = buckets  # masked copies padded to these lengths (data/buckets.py; None: not padded)
         self.max_tokens, self.rnn_batch = int(max_tokens), int(rnn_batch)
         self.device = next(self.net.parameters()).device
         self.dtype = precision_dtype(precision)
@@ -260,22 +263,23 @@ class Scorer:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     @torch.inference_mode()
-    def logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, L) tokens, no padding -> (B, L, V) float64 log-probabilities."""
+    def logprobs(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L) tokens (padding after the protein where ``padding`` says) -> (B, L, V) float64
+        log-probabilities."""
         with self._autocast():
-            logits = self.net(tokens.to(self.device))
+            logits = self.net(tokens.to(self.device), None if padding is None else padding.to(self.device))
         return torch.log_softmax(logits.double(), -1)
 
     def masked(self, tokens: np.ndarray, positions: Sequence[int]) -> np.ndarray:
         """(len(positions), V) log-probabilities at each position of ``tokens`` with that
         position (alone) masked; the masked copies are batched under the token budget."""
         out = np.empty((len(positions), self.tokenizer.vocab_size))
-        for batch in token_budget_batches([len(tokens)] * len(positions), self.max_tokens):
-            x, _ = pad_batch([tokens] * len(batch), self.tokenizer.pad_id)  # equal lengths: no padding
+        for batch in token_budget_batches([len(tokens)] * len(positions), self.max_tokens, buckets=self.buckets):
+            x, padding = pad_batch([tokens] * len(batch), self.tokenizer.pad_id, self.buckets)  # None: no bucket
             pos = torch.tensor([positions[i] for i in batch])
             rows = torch.arange(len(batch))
             x[rows, pos] = self.tokenizer.mask_id
-            out[batch] = self.logprobs(x)[rows.to(self.device), pos.to(self.device)].cpu().numpy()
+            out[batch] = self.logprobs(x, padding)[rows.to(self.device), pos.to(self.device)].cpu().numpy()
         return out
 
     def pll(self, tokens: np.ndarray) -> float:
@@ -479,12 +483,14 @@ def output_paths(input: Path, output: Path, assays: list[Assay]) -> tuple[list[P
 def score_files(ckpt: Any, input: str, output: str, sequence: str | None = None,
                 sequence_file: str | None = None, reference: str | None = None, offset: int = 1,
                 strategies=None, on_invalid: str = "error", overwrite: bool = False, max_tokens: int = MAX_TOKENS,
-                rnn_batch: int = 256, device: str = "auto", precision: str = "32") -> dict:
-    """Score every assay, write the scored CSVs and the metrics JSON; returns the summary."""
+                rnn_batch: int = 256, device: str = "auto", precision: str = "32", buckets=None) -> dict:
+    """Score every assay, write the scored CSVs and the metrics JSON; returns the summary.  ``buckets``:
+    masked copies padded to these lengths (a list, auto or None; data/buckets.py): the same scores."""
     input_p, output_p = Path(input), Path(output)
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise UserError(f"offset={offset!r}: the number of the wild type's first residue, an integer (1 by default)")
     assays = read_assays(input_p, sequence, sequence_file, reference, offset, on_invalid)
+    buckets = check_buckets(buckets, max(len(a.wild_type) for a in assays) + 2, "buckets")  # + <cls>, <eos>
     outs, metrics_path = output_paths(input_p, output_p, assays)
     # the output guard: no output is, holds or lies inside an input (the checkpoint or export
     # directory too), none leaves the output folder, an existing one is replaced only with overwrite
@@ -500,9 +506,10 @@ def score_files(ckpt: Any, input: str, output: str, sequence: str | None = None,
     for key, p in [*((f"output {o.name}" if input_p.is_dir() else "output", o) for o in outs),
                    ("metrics JSON", metrics_path)]:
         guard.file(key, p)
+    guard.sweep()
     loaded = load_model(ckpt, device)
     strategies = resolve_strategies(strategies, loaded.causal, loaded.source)
-    scorer = Scorer(loaded, max_tokens, rnn_batch, precision)
+    scorer = Scorer(loaded, max_tokens, rnn_batch, precision, buckets)
     start = time.perf_counter()
     lines = _progress_lines(sum(distinct_mutants(a) for a in assays) * len(strategies))
     for assay in assays:

@@ -10,7 +10,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..objectives import IGNORE, MASK_PROB, check_objective, clm_labels, mask_tokens, scored_example
 from ..tokenizer import Tokenizer
-from .buckets import bucket_shape
+from .buckets import bucket_of, bucket_shape
 
 
 class Collator:
@@ -51,15 +51,15 @@ class Collator:
         return {"inputs": inputs, "labels": labels, "padding_mask": inputs == pad}
 
 
-def pad_batch(tokens: Iterable[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token arrays -> (B, L) LongTensor padded with ``pad_id`` on the right, and the
-    padding mask (True at padding), or None when no row is padded: exact attention then
-    needs no L x L mask and SDPA can use its flash kernel."""
+def pad_batch(tokens: Iterable[np.ndarray], pad_id: int, buckets=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token arrays -> (B, L) LongTensor padded with ``pad_id`` on the right (to the longest's bucket
+    with ``buckets``), and the padding mask (True at padding), or None when no row is padded: exact
+    attention then needs no L x L mask and SDPA can use its flash kernel."""
     rows = [torch.as_tensor(np.asarray(t, dtype=np.int64)) for t in tokens]
     lengths = torch.tensor([len(r) for r in rows])
-    out = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)
+    out = torch.full((len(rows), bucket_of(buckets, int(lengths.max()))), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
-    if bool((lengths == lengths.max()).all()):
+    if bool((lengths == out.shape[1]).all()):
         return out, None
     return out, torch.arange(out.shape[1])[None, :] >= lengths[:, None]

@@ -36,6 +36,7 @@ class Embedder:
     kernel: str | None = None
     long_alone: int | None = None
     tokenizer: Tokenizer | None = None  # whose <pad>, <cls> and <eos> are not residues (None: the model's vocabulary)
+    buckets: list[int] | None = None    # batches padded to these lengths (data/buckets.py; None: to the longest)
 
     def __post_init__(self):
         self.dtype = precision_dtype(self.precision)
@@ -54,10 +55,19 @@ class Embedder:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
+    def check_length(self, entry) -> None:
+        """A record longer than a learned-position model's positions: one line naming its file, line and
+        record, raised while the records are checked (before any output is written, not mid-run)."""
+        n = len(entry.tokens)
+        if self.model.pos_embed is not None and n > self.model.max_positions:
+            raise UserError(f"{entry.where}: record {entry.id!r} has {n} tokens (<cls> and <eos> included), more "
+                            f"than the model's learned positions (model.max_positions={self.model.max_positions}); "
+                            f"leave it out or use a model with rotary positions")
+
     def batches(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
         """Token-budget batches, longest first; long proteins alone (``long_alone``)."""
         out = []
-        for batch in token_budget_batches(lengths, max_tokens):
+        for batch in token_budget_batches(lengths, max_tokens, buckets=self.buckets):
             if self.long_alone is not None and len(batch) > 1 and lengths[batch[0]] > self.long_alone:
                 out += [[i] for i in batch]
             else:
@@ -69,7 +79,7 @@ class Embedder:
         """One batch -> per protein ``{"pooled": {pooling: {layer: (D,)}}, "per_residue": {layer: (L, D)}}``."""
         device = self.device
         lengths = [len(t) for t in batch]
-        tokens, padding_mask = pad_batch(batch, pad_id)
+        tokens, padding_mask = pad_batch(batch, pad_id, self.buckets)
         tokens = tokens.to(device)
         padding_mask = None if padding_mask is None else padding_mask.to(device)
         with self._autocast():

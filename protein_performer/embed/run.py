@@ -22,6 +22,7 @@ from .embedder import Embedder, build_embedder, check_finite, check_finite_weigh
 from .h5 import H5Output
 from .identity import check_name, check_output_paths, lock_path, model_config, safe_name
 from .plan import Outputs, Plan, Work
+from ..data.buckets import check_buckets
 from .pt_dir import PtOutput
 from .settings import check_embed_settings, several, tokenizer
 
@@ -51,6 +52,8 @@ def embed_sequences(model: Any, sequences: Any, *, layers: int | Sequence[int] =
                                   stats=stats))
     if not entries:
         raise UserError(f"nothing to embed: no valid sequences (skipped: {skipped_text(stats)})")
+    for e in entries:
+        emb.check_length(e)
     results: list[dict] = [{}] * len(entries)
     for batch in emb.batches([len(e.tokens) for e in entries], max_tokens):
         for k, r in zip(batch, emb.forward([entries[k].tokens for k in batch], loaded.tokenizer.pad_id)):
@@ -73,7 +76,7 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
                per_residue: bool = False, max_tokens: int = MAX_TOKENS, device: str = "cpu", precision: str = "32",
                unknown: str = "error", on_invalid: str = "skip", long_alone: int | None = None,
                sort_records: int = 20000, overwrite: bool = False, progress: bool = True,
-               trainer: dict | None = None) -> dict | None:
+               trainer: dict | None = None, buckets=None) -> dict | None:
     """Embed every record of ``input`` into ``output`` (HDF5) and/or ``pt_dir``.
 
     Every setting, path and record is checked before anything is written. The input is read
@@ -105,7 +108,8 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
     emb = build_embedder(loaded, layers, pooling, per_residue, precision, long_alone)
     tok = tokenizer(unknown, loaded.tokenizer)
     stats: dict = {}
-    ids, lengths = _check_records(input, format, tok, on_invalid, stats, per_residue, pt_dir is not None)
+    ids, lengths = _check_records(input, format, tok, on_invalid, stats, emb, pt_dir is not None)
+    emb.buckets = check_buckets(buckets, max(lengths), "buckets")  # batches padded to these lengths: the same numbers
     format = format or detect_format(input)
     identity = _identity(loaded, emb, input, format, unknown)
     attrs = {"checkpoint": loaded.source, "input": str(input), "kernel": loaded.kernel or ""}
@@ -118,14 +122,15 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
         return _run(work, emb, loaded.tokenizer.pad_id, pl_trainer, progress, stats)
 
 
-def _check_records(input, format, tok, on_invalid, stats: dict, per_residue: bool, pt: bool):
-    """Pass 1: every record read and checked (ids that name files included) before any output
-    exists; the ids and token counts of the valid ones."""
+def _check_records(input, format, tok, on_invalid, stats: dict, emb: Embedder, pt: bool):
+    """Pass 1: every record read and checked (ids that name files included, lengths against the
+    model's positions) before any output exists; the ids and token counts of the valid ones."""
     ids, lengths = [], []
-    name_key = "pt_dir" if pt else "per_residue" if per_residue else None
+    name_key = "pt_dir" if pt else "per_residue" if emb.per_residue else None
     for e in read_sequences(input, format, tokenizer=tok, on_invalid=on_invalid, stats=stats):
         if name_key:
             check_name(e, name_key, pt)
+        emb.check_length(e)
         ids.append(e.id)
         lengths.append(len(e.tokens))
     if not ids:
