@@ -19,7 +19,6 @@ import argparse
 import copy
 import os
 import sys
-import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root

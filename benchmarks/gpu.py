@@ -17,6 +17,11 @@ its rows).
    inference mode): the default attention, elu+1, exact; time and peak memory.
 3. Seconds from model build to the end of the first training step, per backend (auto, parallel,
    torch, fla; exact beside them), the default model, causal, 16 x 4,096 tokens.  Goal: <= 30 s.
+4. Compiled steps (issue 63): the default model and exact attention as section 1 runs them, compiled as
+   ``compile=true`` does (training/compiled.py: fullgraph, static shape) in the default mode and in
+   ``compile_mode=reduce-overhead`` (CUDA graphs: a step replayed with one launch), at L = 16k, 4k and
+   64k (that order), bidirectional and causal; beside each, section 1's eager row.  Goals: the default
+   model's best step >= 1x exact's best at 4k, >= 3x at 16k, >= 6x at 64k.
 
 Rows not started within ``--budget`` seconds say "not run (budget)"; a row that runs out of memory
 says "OOM"; a backend that refuses this machine (fla on a stack it cannot run) says why.  The rows
@@ -56,10 +61,13 @@ EMBED_SIZE, EMBED_LENGTH = "650m", 35000
 STARTUP_BACKENDS = ["auto", "parallel", "torch", "fla"]
 STARTUP_L = 4096
 STARTUP_GOAL_S = 30.0
+COMPILE_LENGTHS = [16384, 4096, 65536]       # section 4, in order of priority
+COMPILE_MODES = ["default", "reduce-overhead"]
 WARMUP, REPEATS = 2, 3
 # --quick: every model shrunk to this, L = 64 and 256, 512 tokens a step, a protein of 300 residues
 QUICK = dict(lengths=[64, 256], tokens=512, shrink=["model.depth=1", "model.dim=32", "model.heads=2"],
-             embed_length=300, startup_l=128, models=["default", "35m"])
+             embed_length=300, startup_l=128, models=["default", "35m"],
+             compiled=dict(lengths=[64], directions=["bidirectional"], kernels=["default"], modes=["reduce-overhead"]))
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 
 
@@ -257,12 +265,17 @@ class Bench:
         return net, opt
 
     def train_row(self, row: dict, *, variant: str, size: list[str], causal: bool, L: int, batch: int,
-                  backend: str = "auto", steps: bool = True, reuse: bool = True) -> dict:
-        """One row of sections 1 / 3: (build,) the first step, then WARMUP - 1 more and REPEATS timed."""
+                  backend: str = "auto", steps: bool = True, reuse: bool = True, compile_mode: str | None = None) -> dict:
+        """One row of sections 1 / 3 / 4: (build,) the first step, then WARMUP - 1 more and REPEATS timed;
+        ``compile_mode``: compiled as compile=true does, in that mode (a fresh model, not kept)."""
         import torch
         import torch.nn.functional as F
+
+        from protein_performer.attention.layer import count_forwards
+        from protein_performer.training.compiled import compile_model
         kernel = row["kernel"]
         key = (variant, tuple(size), causal, backend)
+        reuse = reuse and compile_mode is None
         self.reset_peak()
         start = time.perf_counter()
         if reuse and self.cached and self.cached[0] == key:
@@ -274,12 +287,16 @@ class Bench:
             self.reset_peak()
             start = time.perf_counter()
             net, opt = self.build(config)
+            if compile_mode is not None:
+                compile_model(net, self.dev, compile_mode)
             built = True
         self.cached = None
         inputs, labels = self.batch(batch, L, causal)
         flash = [self.cuda]
 
         def step():
+            if compile_mode is not None:
+                count_forwards(net)
             with self.sdpa(kernel, flash[0]), self.autocast():
                 logits = net(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
@@ -495,7 +512,37 @@ def report(b: Bench) -> str:
             table.append([r["backend"] if r["kernel"] != "exact" else "exact (SDPA)", r.get("ran", "-"),
                           _num(s, "{:.2f}") if r["status"] == "ok" else cell(r), goal])
         lines += common.md_table(["backend", "ran", "seconds", f"<= {STARTUP_GOAL_S:.0f} s"], table) + [""]
+    lines += compiled_report(b, dtype)
     return "\n".join(lines) + "\n"
+
+
+def compiled_report(b: "Bench", dtype: str) -> list[str]:
+    """Section 4's table: eager (section 1's row), compiled and reduce-overhead per kernel, and the
+    default model's best against exact's best."""
+    rows = [r for r in b.rows if r["section"] == "compiled"]
+    if not rows:
+        return []
+    eager = {(r["direction"], r["kernel"], r["L"]): r for r in b.rows if r["section"] == "train" and r["model"] == "default"}
+    lines = ["## 4. Compiled steps (compile=true; compile_mode=reduce-overhead: CUDA graphs)", "",
+             f"The default model and exact attention, {dtype}, as section 1 (its eager rows beside); compiled as "
+             "training/compiled.py does (fullgraph, static shape), the first step (the compile) not timed. "
+             "best = the fastest of a kernel's three rows; goal: FAVOR+ best >= 1x exact best at 4k, 3x at 16k, "
+             "6x at 64k.", ""]
+    table = []
+    for direction in ("bidirectional", "causal"):
+        for L in dict.fromkeys(r["L"] for r in rows):
+            by = {(r["kernel"], r["compile_mode"]): r for r in rows if r["direction"] == direction and r["L"] == L}
+            cells, best = [], {}
+            for kernel in ("default", "exact"):
+                trio = [eager.get((direction, kernel, L))] + [by.get((kernel, m)) for m in COMPILE_MODES]
+                cells += [cell(r) for r in trio]
+                ok = [r for r in trio if r and r.get("status") == "ok" and r.get("ms")]
+                best[kernel] = min(ok, key=lambda r: r["ms"]) if ok else None
+            batch = next(iter(by.values()))["batch"]
+            table.append([direction, f"{batch} x {L:,}", *cells, ratio(best["exact"], best["default"])])
+    header = ["direction", "batch x L", *(f"{KERNEL_NAMES[k]} {m} ms (GiB)" for k in ("default", "exact")
+                                          for m in ("eager", *COMPILE_MODES)), "exact best / FAVOR+ best"]
+    return lines + common.md_table(header, table) + [""]
 
 
 # ----------------------------------------------------------------------------- main
@@ -509,7 +556,8 @@ def main(argv=None) -> None:
                    help="a row stops its warm-ups / timed steps after this many seconds (its n says how many)")
     p.add_argument("--models", default=None, help="comma-separated, of: " + ", ".join(MODELS))
     p.add_argument("--lengths", default=None, help="comma-separated L of section 1")
-    p.add_argument("--sections", default="1,2,3", help="which sections to run (1 training, 2 embedding, 3 startup)")
+    p.add_argument("--sections", default="1,2,3,4",
+                   help="which sections to run (1 training, 2 embedding, 3 startup, 4 compiled)")
     p.add_argument("--out", default=None, help="the markdown (default on a GPU: docs/benchmarks_gpu.md)")
     p.add_argument("--json", default=None, help="the raw rows (default: --out with .json)")
     p.add_argument("--stop-after-rows", type=int, default=0, help=argparse.SUPPRESS)  # tests: exit as a kill would
@@ -557,6 +605,15 @@ def main(argv=None) -> None:
                         train[model, direction, kernel, L] = b.plan(
                             section="train", model=model, direction=direction, kernel=kernel, backend="auto", L=L,
                             batch=max(1, args.tokens // L))
+    compiled = []
+    if "4" in sections:  # --quick: one compile (inductor on a CPU takes tens of seconds a graph)
+        c = q.get("compiled", {})
+        for L in c.get("lengths", COMPILE_LENGTHS):
+            for direction in c.get("directions", ["bidirectional", "causal"]):
+                for kernel in c.get("kernels", ["default", "exact"]):
+                    for mode in c.get("modes", COMPILE_MODES):
+                        compiled.append(b.plan(section="compiled", model="default", direction=direction, kernel=kernel,
+                                               backend="auto", L=L, batch=max(1, args.tokens // L), compile_mode=mode))
     embed = []
     if "2" in sections:
         for kernel in KERNELS:
@@ -567,6 +624,11 @@ def main(argv=None) -> None:
     for r in startup:
         b.run(r, lambda r: b.train_row(r, variant=KERNELS[r["kernel"]], size=[], causal=True, L=r["L"],
                                        batch=r["batch"], backend=r["backend"], steps=False, reuse=False))
+
+    for r in compiled:  # after startup: what issue 63 asks of a GPU comes before the rest
+        b.run(r, lambda r: b.train_row(r, variant=KERNELS[r["kernel"]], size=[], causal=r["direction"] == "causal",
+                                       L=r["L"], batch=r["batch"], compile_mode=r["compile_mode"]))
+    b.free()
 
     def series(model):
         for direction in ("bidirectional", "causal"):

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import common, gpu
 from conftest import ROOT
 
-SECTIONS = {"train", "embed", "startup"}
+SECTIONS = {"train", "embed", "startup", "compiled"}
 
 
 def _rows(path):
@@ -45,7 +45,7 @@ def test_quick_cpu_run_measures_every_row(quick):
             continue
         assert math.isfinite(r["ms"]) and r["ms"] > 0 and r["n"] == len(r["times_ms"]) >= 1
         assert all(math.isfinite(t) and t > 0 for t in r["times_ms"])
-        rate = r["tokens_per_s"] if r["section"] == "train" else r["residues_per_s"]
+        rate = r["tokens_per_s"] if r["section"] in ("train", "compiled") else r["residues_per_s"]
         assert math.isfinite(rate) and rate > 0
     # the path each row ran, read from the model: the CPU's torch path under backend=auto, SDPA for exact
     assert {r["ran"] for r in train if r["kernel"] != "exact"} == {"torch"}
@@ -54,6 +54,11 @@ def test_quick_cpu_run_measures_every_row(quick):
         {"auto": "torch", "parallel": "parallel", "torch": "torch", "fla": None}
     # presets come from conf/: the quick run shrinks them, the names stay
     assert {r["model"] for r in train} == {"default", "35m"}
+    # section 4 --quick: one compiled row (reduce-overhead: inductor's plain code on a CPU), the torch path
+    # runs as the parallel one inside a graph
+    compiled = [r for r in rows if r["section"] == "compiled"]
+    assert [(r["kernel"], r["direction"], r["L"], r["compile_mode"]) for r in compiled] == \
+        [("default", "bidirectional", 64, "reduce-overhead")]
 
 
 def test_markdown_has_each_section_and_row(quick):
@@ -63,7 +68,7 @@ def test_markdown_has_each_section_and_row(quick):
     assert "commit" in text and "command `python benchmarks/gpu.py" in text
     for heading in ("## 1. LM training step", "### default model (conf/model/base.yaml), bidirectional",
                     "### preset model/size=35m, causal", "## 2. Embedding one long protein",
-                    "## 3. From model build to the end of the first training step"):
+                    "## 3. From model build to the end of the first training step", "## 4. Compiled steps"):
         assert heading in text
     table = common.read_md_table(md, "default model (conf/model/base.yaml), causal")
     assert [row["batch x L"] for row in table] == ["8 x 64", "2 x 256"]

@@ -1,12 +1,14 @@
 """Tiny real training runs through the same code path as scripts/train.py."""
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from hydra import compose, initialize_config_dir
 
 from protein_performer.data.collate import Collator
@@ -71,19 +73,25 @@ def test_command_line_run_with_wandb_offline(tmp_path, small_fasta):
                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "validation: perplexity" in out.stdout and "amino-acid frequency baseline" in out.stdout
-    assert "kernel: softmax" in (run_dir / "config.yaml").read_text()
+    recorded = OmegaConf.load(run_dir / "config.yaml")
+    assert recorded.model.attention.kernel == "softmax"
+    assert recorded.compile is False and recorded.data.buckets is None  # compile=auto on a CPU: eager, no buckets
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb wrote an offline run"
 
     # resume from the checkpoint for a few more steps
     out2 = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
                            "trainer.max_steps=9", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
-                           "logger=none", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+                           "logger=none", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "data.buckets=auto",
                            f"hydra.run.dir={tmp_path / 'resumed'}"], capture_output=True, text=True, cwd=tmp_path,
                           timeout=300)
     assert out2.returncode == 0, out2.stderr[-3000:]
     ck = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ck["global_step"] == 9
+    # buckets asked for in an eager run: the set in force recorded (not "auto") and logged with the padding
+    assert list(OmegaConf.load(tmp_path / "resumed" / "config.yaml").data.buckets) == [64]  # data.max_len=64
+    assert "length buckets (data.buckets): 64\n" in out2.stdout + out2.stderr
+    assert re.search(r"padding: [\d.]+ % of this epoch's batch tokens with buckets", out2.stdout + out2.stderr)
 
 
 def test_bad_config_key_and_missing_checkpoint_are_clear(tmp_path):

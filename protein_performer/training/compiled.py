@@ -58,3 +58,27 @@ def compile_model(model: nn.Module, device: torch.device, mode: str = "default",
                                                            4 * int(shapes))
     model.compile(fullgraph=True, dynamic=False, mode=None if mode == "default" else check_compile_mode(mode))
     return model
+
+
+def plan_compile(cfg, device: torch.device):
+    """``device`` when a run's steps compile there (``cfg.compile``), else None; ``data.buckets=auto``
+    resolved in ``cfg`` to match (static shapes whenever steps are compiled) and ``cfg.compile`` to the
+    choice, so that config.yaml says what ran."""
+    compiled = use_compile(cfg.get("compile", "auto"), device)
+    if cfg.data.get("buckets") == "auto":
+        cfg.data.buckets = "auto" if compiled else None
+    cfg.compile = compiled
+    return torch.device(device) if compiled else None
+
+
+def record_buckets(cfg, datamodule) -> None:
+    """config.yaml records the bucket set in force (the data module resolved "auto"), not "auto"."""
+    if "buckets" in cfg.data:
+        cfg.data.buckets = getattr(datamodule, "buckets", None)
+
+
+def compile_task(task, device: torch.device, mode: str, buckets) -> None:
+    """The task's model compiled for ``device`` (:func:`compile_model`), one graph per bucket in
+    training and in evaluation; the task then counts the redraw schedule between steps."""
+    compile_model(task.model, device, mode, shapes=2 * len(buckets or []) + 2)
+    task.compiled = True

@@ -41,7 +41,7 @@ from .run_folder import check_own_files, check_run_folder, guard_run_folder, jou
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
 from .distill import (Distiller, check_architecture, data_to_model_ids, load_start, remap_frequencies,
                       student_config)
-from .compiled import check_compile_mode, compile_model, use_compile
+from .compiled import check_compile_mode, compile_task, plan_compile, record_buckets, use_compile
 from .task import ProteinLM, load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -293,16 +293,11 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
         check_own_files(run_dir, ("config.yaml",))
         guard_run_folder(run_dir, run_inputs(cfg), overwrite)  # the output guard (compare calls train directly)
-    device = training_device(cfg.trainer.get("accelerator"))
-    compiled = use_compile(cfg.get("compile", "auto"), device)
-    if cfg.data.get("buckets") == "auto":  # static shapes whenever steps are compiled (data/buckets.py)
-        cfg.data.buckets = "auto" if compiled else None
+    compile_device = plan_compile(cfg, training_device(cfg.trainer.get("accelerator")))
     datamodule = hydra.utils.instantiate(cfg.data)  # checks the data settings
     print(OmegaConf.to_yaml(cfg, resolve=True))
     datamodule.setup("fit")  # reads and checks the input (no random numbers): nothing is written before it passed
-    if "buckets" in cfg.data:  # config.yaml records the set in force, not "auto"
-        cfg.data.buckets = getattr(datamodule, "buckets", None)
-    cfg.compile = compiled
+    record_buckets(cfg, datamodule)
     if cfg.get("malloc", "keep") == "keep":
         keep_freed_memory()  # large activations reused from step to step instead of page-faulted in again
     pl.seed_everything(cfg.seed, workers=True)
@@ -314,10 +309,8 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
     written = journal(run_dir)
     if zero:
         remove_stale_temporaries(written)
-    if compiled:  # in place: state_dict keys and checkpoints are unchanged
-        buckets = getattr(datamodule, "buckets", None) or []
-        compile_model(task.model, device, cfg.get("compile_mode", "default"), shapes=2 * len(buckets) + 2)
-        task.compiled = True
+    if compile_device is not None:  # in place: state_dict keys and checkpoints are unchanged
+        compile_task(task, compile_device, cfg.get("compile_mode", "default"), getattr(datamodule, "buckets", None))
     n_params = sum(p.numel() for p in task.parameters())
     log.info("model: %s, %.2f M parameters", cfg.model.get("name", "?"), n_params / 1e6)
 
