@@ -107,3 +107,32 @@ def test_generate_refuses_a_prompt_that_leaves_nothing_to_generate(tmp_path, cap
     assert code == 0, err
     records = (tmp_path / "out.fasta").read_text().split(">")[1:]
     assert len(records) == 2 and all("length=6 " in r and "mean_loglik=nan" not in r for r in records)
+
+
+# --- item 7: embed checks every protein against learned positions before writing --------------
+def test_embed_names_a_protein_too_long_for_learned_positions_before_any_output(tmp_path, capsys, monkeypatch):
+    import random
+
+    import torch
+
+    from conftest import TINY_MODEL, save_checkpoint
+    from protein_performer.training.task import ProteinLM
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(ProteinLM(model=dict(TINY_MODEL, position="learned", max_positions=40)), tmp_path / "m.ckpt")
+    rng = random.Random(0)
+    recs = [(f"p{i}", "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(rng.randint(10, 30))))
+            for i in range(40)]
+    recs[35] = ("long_one", "M" * 39)  # 41 tokens with <cls> and <eos>: line 71 of the file
+    (tmp_path / "in.fasta").write_text("".join(f">{r}\n{s}\n" for r, s in recs))
+    before = checksums(tmp_path)
+    for outputs in (["output=e.h5"], ["pt_dir=pt"], ["output=e.h5", "pt_dir=pt"]):
+        line = one_line(*run_main(capsys, "embed", f"ckpt={ckpt}", "input=in.fasta", *outputs, "max_tokens=64",
+                                  "sort_records=5", "progress=false"))
+        assert line == ("error: in.fasta:71: record 'long_one' has 41 tokens (<cls> and <eos> included), more than "
+                        "the model's learned positions (model.max_positions=40); leave it out or use a model with "
+                        "rotary positions")
+        assert checksums(tmp_path) == before
+    with pytest.raises(Exception, match="^in.fasta:71: record 'long_one' has 41 tokens"):
+        from protein_performer.embed import embed_sequences
+        embed_sequences(ckpt, "in.fasta")
