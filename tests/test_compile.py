@@ -180,3 +180,22 @@ def test_compiled_model_matches_eager(compiled_pair):
         outs.append((logits.detach()[~pad], m.embed.weight.grad.clone(), m.blocks[0].attn.to_qkv.weight.grad.clone()))
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_setting_is_auto_true_or_false(tmp_path, capsys, monkeypatch):
+    """compile=auto compiles on CUDA only; anything else than auto / true / false is one line, exit 2."""
+    from inprocess import run_main
+    from protein_performer.training.compiled import use_compile
+
+    def one_line(code, out, err):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, (code, err[-2000:])
+        return lines[0]
+    assert use_compile("auto", "cuda") and not use_compile("auto", "cpu")
+    assert use_compile(True, "cpu") and not use_compile(False, "cuda")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(capsys, "train", "hydra.run.dir=run", "compile=yes")
+    assert code == 2 and one_line(code, out, err) == "error: compile=yes: compile is auto, true or false, not 'yes'"
+    code, out, err = run_main(capsys, "train", "hydra.run.dir=run", "compile_mode=fastest")
+    assert code == 2 and "compile_mode='fastest'" in one_line(code, out, err)
+    assert list(tmp_path.iterdir()) == []

@@ -341,7 +341,7 @@ def test_a_failed_run_in_a_folder_with_checkpoints_leaves_every_file_as_it_was(t
     ("probe", ["embeddings=e.h5", "labels=l.csv", "output=mine.json"], "overwrite", "nope"),
     ("evaluate", ["ckpt=m.ckpt", "output_dir=ev"], "progress", "nope"),
     ("embed", ["ckpt=m.ckpt", "input=p.fasta", "output=mine.json"], "per_residue", "1"),
-    ("train", ["hydra.run.dir=run"], "compile", "yes"),
+    ("train", ["hydra.run.dir=run"], "overwrite", "yes"),  # compile is auto | true | false: tests/test_compile.py
     ("finetune", ["ckpt=m.ckpt", "labels=l.csv", "task=regression", "output_dir=ft"], "lora", "maybe")])
 def test_a_true_or_false_key_given_another_value_is_one_line(tmp_path, capsys, monkeypatch, command, args, key, value):
     """overwrite=nope read as true (Python's bool of a non-empty string) and replaced the user's file."""

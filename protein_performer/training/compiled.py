@@ -31,7 +31,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 def use_compile(setting, device: torch.device) -> bool:
     """Whether steps on ``device`` are compiled under ``compile=setting`` (auto: on CUDA only)."""
     if setting not in COMPILE_CHOICES:
-        raise UserError(f"compile={setting!r}: choose auto, true or false")
+        raise UserError(f"compile={setting}: compile is auto, true or false, not {setting!r}")
     return torch.device(device).type == "cuda" if setting == "auto" else bool(setting)
 
 
