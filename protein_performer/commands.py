@@ -31,6 +31,21 @@ def settings(cfg: DictConfig, *required: str, example: str = "") -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def call(function, *args, **kw):
+    """``function(*args, **kw)``, each key checked first: one added on the command line that the
+    function does not take (``+model.attention.backend=fla``) is one line naming it, not a TypeError."""
+    import inspect
+    params = inspect.signature(function).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        for key, value in kw.items():
+            if key not in params:
+                while isinstance(value, dict) and len(value) == 1:  # the key as typed: model.attention.backend
+                    (sub, value), = value.items()
+                    key = f"{key}.{sub}"
+                raise UserError(f"{key}: {sys.argv[0]} takes no such key (--help lists every key)")
+    return function(*args, **kw)
+
+
 @contextlib.contextmanager
 def settings_under(group: str):
     """A library error naming a setting (``tokenizer.SettingError``: ``unknown``) names it as
@@ -85,7 +100,7 @@ def embed(cfg: DictConfig) -> None:
     from .embed.settings import TRAINER_KEYS, several
     if RERUN and isinstance(kw.get("trainer"), dict) and several({**TRAINER_KEYS, **kw["trainer"]}):
         sys.argv = [*RERUN, *sys.argv[1:]]  # Lightning's DDP starts the other processes with sys.argv
-    summary = embed_file(kw.pop("ckpt"), kw.pop("input"), **kw)
+    summary = call(embed_file, kw.pop("ckpt"), kw.pop("input"), **kw)
     if summary is not None:  # None: a process Lightning started beside process 0
         print(json.dumps(summary))
 
@@ -101,7 +116,7 @@ def probe(cfg: DictConfig) -> None:
     OutputGuard("probe", {"labels": kw["labels"], "test_labels": kw["test_labels"],
                           **{f"embeddings[{i}]": e for i, e in enumerate(embeddings)}},
                 overwrite=bool(kw.pop("overwrite", False))).file("output", output or None)
-    result = run_probe(kw.pop("embeddings"), kw.pop("labels"), **kw)
+    result = call(run_probe, kw.pop("embeddings"), kw.pop("labels"), **kw)
     print(format_result(result))
     if output:
         write_json(output, result, indent=2)  # a results file that exists is whole
@@ -112,7 +127,7 @@ def probe(cfg: DictConfig) -> None:
 
 def generate(cfg: DictConfig) -> None:
     from .generate import run
-    run(**settings(cfg))
+    call(run, **settings(cfg))
 
 
 def compare(cfg: DictConfig) -> None:
@@ -143,7 +158,7 @@ def compare(cfg: DictConfig) -> None:
 def export(cfg: DictConfig) -> None:
     from .hub.export import export as export_dir
     s = settings(cfg)
-    out = export_dir(s.pop("ckpt"), s.pop("output"), **s)
+    out = call(export_dir, s.pop("ckpt"), s.pop("output"), **s)
     print(f"wrote {out}: config.json, model.safetensors, vocab.txt, transformers code, README.md (model card)")
 
 
@@ -152,14 +167,14 @@ def score(cfg: DictConfig) -> None:
                   example="ckpt=CHECKPOINT input=assay.csv sequence=WILD_TYPE output=scored.csv")
     from .score import format_summary, score_files
     logging.getLogger("protein_performer").setLevel(logging.INFO)
-    print(format_summary(score_files(kw.pop("ckpt"), kw.pop("input"), kw.pop("output"), **kw)))
+    print(format_summary(call(score_files, kw.pop("ckpt"), kw.pop("input"), kw.pop("output"), **kw)))
 
 
 def convert_esm(cfg: DictConfig) -> None:
     s = settings(cfg, "input", "output", example="input=ESM_DIR_OR_PT output=DIR [model.attention.kernel=exact]")
     from .convert_esm import convert
     attention = s.pop("model")["attention"]
-    out = convert(s.pop("input"), s.pop("output"), **s, attention=attention)
+    out = call(convert, s.pop("input"), s.pop("output"), **s, attention=attention)
     print(f"wrote {out}: config.json, model.safetensors, vocab.txt, transformers code, README.md "
           f"({attention['kernel']} attention)")
 
@@ -169,6 +184,6 @@ def finetune(cfg: DictConfig) -> None:
                   example="ckpt=CHECKPOINT labels=labels.csv task=classification output_dir=DIR")
     from .finetune import finetune as finetune_run, format_metrics
     logging.getLogger("protein_performer").setLevel(logging.INFO)
-    result = finetune_run(kw.pop("ckpt"), kw.pop("labels"), kw.pop("task"), kw.pop("output_dir"), **kw)
+    result = call(finetune_run, kw.pop("ckpt"), kw.pop("labels"), kw.pop("task"), kw.pop("output_dir"), **kw)
     print(format_metrics(result))
     print(f"wrote {cfg.output_dir}: metrics.json, predictions.csv, model.safetensors, finetune.json")

@@ -136,3 +136,20 @@ def test_embed_names_a_protein_too_long_for_learned_positions_before_any_output(
     with pytest.raises(Exception, match="^in.fasta:71: record 'long_one' has 41 tokens"):
         from protein_performer.embed import embed_sequences
         embed_sequences(ckpt, "in.fasta")
+
+
+# --- item 8: a key a command does not take ----------------------------------------------------
+@pytest.mark.parametrize("command, args", [
+    ("embed", ["input=in.fasta", "output=e.h5", "+model.attention.backend=fla"]),
+    ("generate", ["output=g.fasta", "+model.attention.backend=fla"]),
+    ("score", ["input=assay.csv", "sequence=MKTAY", "output=s.csv", "+sequences.path=x"]),
+])
+def test_a_key_the_command_does_not_take_is_one_line(tmp_path, capsys, monkeypatch, ckpts, command, args):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.fasta").write_text(">a\nMKTAYIAKQR\n")
+    (tmp_path / "assay.csv").write_text("mutant\nM1A\n")
+    before = checksums(tmp_path)
+    line = one_line(*run_main(capsys, command, f"ckpt={ckpts['clm']}", *args))
+    key = args[-1][1:].split("=")[0]
+    assert line == f"error: {key}: protein-performer {command} takes no such key (--help lists every key)"
+    assert checksums(tmp_path) == before
