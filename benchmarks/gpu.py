@@ -532,6 +532,8 @@ def compiled_report(b: "Bench", dtype: str) -> list[str]:
     for direction in ("bidirectional", "causal"):
         for L in dict.fromkeys(r["L"] for r in rows):
             by = {(r["kernel"], r["compile_mode"]): r for r in rows if r["direction"] == direction and r["L"] == L}
+            if not by:  # --quick plans one direction
+                continue
             cells, best = [], {}
             for kernel in ("default", "exact"):
                 trio = [eager.get((direction, kernel, L))] + [by.get((kernel, m)) for m in COMPILE_MODES]

@@ -46,6 +46,9 @@ RECIPES = {
     "wide192x3": ["model.dim=192", "model.depth=3", "model.heads=6"],
     "narrow96x6": ["model.dim=96", "model.depth=6", "model.heads=4"],
     "tokens16k": ["data.max_tokens=16384"],
+    "muon": ["optim.optimizer=muon"],
+    "wsd": ["optim.schedule=wsd"],
+    "bf16": ["trainer.precision=bf16-mixed"],
 }
 VALIDATION = re.compile(r"validation: perplexity ([\d.]+) .*accuracy ([\d.]+)%")
 

@@ -41,6 +41,7 @@ from .run_folder import check_own_files, check_run_folder, guard_run_folder, jou
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
 from .distill import (Distiller, check_architecture, data_to_model_ids, load_start, remap_frequencies,
                       student_config)
+from .optimizers import OPTIMIZERS
 from .compiled import check_compile_mode, compile_task, plan_compile, record_buckets, use_compile
 from .task import ProteinLM, load_checkpoint
 
@@ -175,6 +176,9 @@ def check_settings(cfg: DictConfig) -> None:
         raise UserError(f"optim.warmup_steps must be a non-negative integer, got {o.warmup_steps!r}")
     if not (isinstance(o.min_lr_ratio, (int, float)) and 0 <= o.min_lr_ratio <= 1):
         raise UserError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio!r}")
+    if o.get("optimizer", "adamw") not in OPTIMIZERS or o.get("schedule", "cosine") not in ("cosine", "wsd"):
+        raise UserError(f"optim.optimizer={o.get('optimizer')!r}, optim.schedule={o.get('schedule')!r}: choose "
+                        f"{' | '.join(OPTIMIZERS)} and cosine | wsd")
     check_progress(cfg.get("progress_every", EVERY), cfg.get("progress_seconds", SECONDS))
     use_compile(cfg.get("compile", "auto"), "cpu")
     check_compile_mode(cfg.get("compile_mode", "default"))

@@ -21,12 +21,14 @@ from ..objectives import IGNORE, SUMS, Scores, check_objective, score_rows
 from ..tokenizer import VERSION, Tokenizer
 from ..errors import UserError, first_line
 from .distill import Distiller, data_to_model_ids
+from .optimizers import build_optimizer
 
 
 class ProteinLM(pl.LightningModule):
     def __init__(self, model: dict, objective: str = "mlm", lr: float = 1e-3, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.98), warmup_steps: int = 200, min_lr_ratio: float = 0.1,
-                 aa_frequencies: list[float] | None = None, tokenizer_version: int = VERSION):
+                 aa_frequencies: list[float] | None = None, tokenizer_version: int = VERSION,
+                 optimizer: str = "adamw", schedule: str = "cosine", decay_fraction: float = 0.2):
         super().__init__()
         check_objective(objective)
         if tokenizer_version != VERSION:
@@ -134,8 +136,7 @@ class ProteinLM(pl.LightningModule):
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             (no_decay if p.ndim < 2 or "norm" in name or "embed" in name else decay).append(p)
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=tuple(hp.betas))
+        opt = build_optimizer(hp.get("optimizer", "adamw"), decay, no_decay, hp.lr, hp.betas, hp.weight_decay)
         total = self.trainer.estimated_stepping_batches if self.trainer else 10**9
         # a time-budgeted run (trainer.max_time, no step limit) decays along the clock instead
         timer = None if math.isfinite(total) else next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
@@ -146,10 +147,14 @@ class ProteinLM(pl.LightningModule):
             elapsed = timer.time_elapsed("train")
             return elapsed / max(elapsed + timer.time_remaining("train"), 1e-9)
 
-        def schedule(step: int) -> float:  # linear warm-up, cosine decay to min_lr_ratio
-            if step < hp.warmup_steps:
+        wsd, tail = hp.get("schedule", "cosine") == "wsd", hp.get("decay_fraction", 0.2)
+
+        def schedule(step: int) -> float:  # linear warm-up, then cosine decay to min_lr_ratio, or (wsd)
+            if step < hp.warmup_steps:     # stable until the last decay_fraction, linear to min_lr_ratio there
                 return (step + 1) / hp.warmup_steps
             t = min(progress(step), 1.0)
+            if wsd:
+                return 1.0 - (1 - hp.min_lr_ratio) * max(0.0, t - (1 - tail)) / max(tail, 1e-9)
             return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
