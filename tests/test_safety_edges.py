@@ -153,3 +153,45 @@ def test_a_key_the_command_does_not_take_is_one_line(tmp_path, capsys, monkeypat
     key = args[-1][1:].split("=")[0]
     assert line == f"error: {key}: protein-performer {command} takes no such key (--help lists every key)"
     assert checksums(tmp_path) == before
+
+
+# --- item 2: the memory a training step needs, before the model is built -----------------------
+def test_the_memory_estimate_is_the_documented_formula_counted_by_hand():
+    from protein_performer.training.memory import step_bytes
+    model = dict(dim=16, depth=1, heads=2, ff_mult=4, attention=dict(kernel="softmax", nb_features=8, local_heads=1,
+                                                                       local_window=128))
+    data = dict(max_len=48, batch_size=16, max_tokens=None)
+    # parameters: head bias 30 + embedding 30 x 16 + a block (norms 2 x 32, to_qkv 48 x 16, to_out 16 x 16 + 16,
+    # fc1 64 x 16 + 64, fc2 16 x 64 + 16) + final norm 32 = 30 + 480 + 3232 + 32 = 3774
+    # tokens 16 x 48 = 768; per token 34 x 16 + 2 x 8 x (2 - 1) + 1 x min(256, 48) = 544 + 16 + 48 = 608 floats
+    assert step_bytes(model, data, causal=False) == {"parameters": 3774, "state": 16 * 3774,
+                                                     "activations": 4 * 1 * 768 * 608, "tokens": 768,
+                                                     "total": 16 * 3774 + 4 * 768 * 608}
+    # exact attention: 3 x heads x L scores a token instead (544 + 3 x 2 x 48 = 832); a token budget sets T
+    exact = dict(model, attention=dict(kernel="exact", local_heads=0))
+    assert step_bytes(exact, dict(data, max_tokens=512), causal=True)["activations"] == 4 * 512 * 832
+
+
+def test_a_run_far_above_the_machines_memory_is_refused_and_a_close_one_warned(tmp_path, capsys, monkeypatch,
+                                                                              small_fasta):
+    from protein_performer.training import memory
+    monkeypatch.chdir(tmp_path)
+    args = [*TRAIN, f"data.path={small_fasta}"]
+    code, out, err = run_main(capsys, "train", *args, "hydra.run.dir=run")  # the estimate among the first lines
+    assert code == 0, err
+    first = (out + err).splitlines()
+    line = next(i for i, s in enumerate(first) if "memory: a training step needs about 1.9 MB: 0.1 MB of weights" in s)
+    assert line < 5 and "(3,774 parameters) and 1.9 MB of activations (768 tokens a batch)" in first[line]
+    monkeypatch.setattr(memory, "machine_memory", lambda device: (1_500_000, "RAM"))  # 1.93 MB > 1.25 x 1.5 MB
+    line = one_line(*run_main(capsys, "train", *args, "hydra.run.dir=refused"))
+    assert line == ("error: memory: a training step needs about 1.9 MB: 0.1 MB of weights, gradients and AdamW state "
+                    "(3,774 parameters) and 1.9 MB of activations (768 tokens a batch); this machine has 1.5 MB of "
+                    "RAM: lower data.max_tokens (or data.max_len, data.batch_size), model.dim or model.depth, or "
+                    "train on a larger machine")
+    assert not (tmp_path / "refused").exists()
+    monkeypatch.setattr(memory, "machine_memory", lambda device: (2_200_000, "RAM"))  # above 0.75 x 2.2 MB: a warning
+    code, out, err = run_main(capsys, "train", *args, "hydra.run.dir=warned")
+    assert code == 0, err
+    assert ("memory: a training step needs about 1.9 MB: 0.1 MB of weights, gradients and AdamW state (3,774 "
+            "parameters) and 1.9 MB of activations (768 tokens a batch); this machine has 2.2 MB of RAM: close to all "
+            "of it (steps may swap or run out of memory)") in out + err

@@ -39,6 +39,7 @@ from .progress import EVERY, SECONDS, check_progress, lightning_progress
 from .quiet import quiet_libraries
 from .run_folder import check_own_files, check_run_folder, guard_run_folder, journal, replacing_run, run_inputs
 from .run_logging import Throughput, build_logger, is_wandb, log_checkpoints, run_config
+from .memory import check_memory
 from .distill import (Distiller, check_architecture, data_to_model_ids, load_start, remap_frequencies,
                       student_config)
 from .optimizers import OPTIMIZERS
@@ -293,6 +294,8 @@ def train(cfg: DictConfig, run_dir: str | Path, open_model=open_checkpoint_model
         check_architecture(start, OmegaConf.to_container(cfg.model, resolve=True), list(overrides or []),
                            f"init_from={cfg.init_from}")
         record_start_architecture(cfg, start)
+    check_memory(OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.data, resolve=True),
+                 cfg.objective.name == "clm", training_device((cfg.get("trainer") or {}).get("accelerator")))
     if zero:  # DDP re-launches this for the other ranks once rank zero trains (and set old checkpoints aside)
         check_run_folder(ckpt_dir, ckpt_path, overwrite)
         check_own_files(run_dir, ("config.yaml",))
