@@ -1,6 +1,7 @@
 """`pip install` of the built wheel (not this checkout) gives working commands, run from a
 directory that is not the checkout: train, evaluate, embed and generate on the bundled data
-give the same numbers as the checkout's scripts. The wheel goes into a fresh venv with
+give the same numbers as the checkout's commands (run in this process, through the console entry
+point: a subprocess each would only add its start-up). The wheel goes into a fresh venv with
 --no-deps; the dependencies come from this environment through a .pth file."""
 import json
 import re
@@ -17,6 +18,7 @@ import pytest
 from protein_performer.cli import COMMANDS
 
 from conftest import ROOT
+from inprocess import run_main
 
 TINY = ["model.dim=32", "model.depth=1", "model.heads=2", "model.attention.nb_features=16", "model.dropout=0.0",
         "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
@@ -51,6 +53,13 @@ def installed(tmp_path_factory):
     return venv / "bin" / "protein-performer", py, work
 
 
+def here(capsys, *args):
+    """``protein-performer ARGS`` from this checkout, in this process: its stdout."""
+    code, out, err = run_main(capsys, *map(str, args))
+    assert code == 0, f"{args}\n{out[-2000:]}\n{err[-3000:]}"
+    return out
+
+
 def test_help_is_fast_and_lists_the_commands(installed):
     exe, _, work = installed
     start = time.perf_counter()
@@ -67,22 +76,21 @@ def test_help_is_fast_and_lists_the_commands(installed):
             "convert-esm"} <= set(COMMANDS)
 
 
-def test_installed_commands_match_the_checkout(installed, tmp_path):
+def test_installed_commands_match_the_checkout(installed, tmp_path, capsys):
     exe, py, work = installed
     runs = {}
     for objective in ("mlm", "clm"):
         args = [*TINY, f"objective={objective}"]
         wheel = sh([exe, "train", *args, f"hydra.run.dir={work / objective}"], cwd=work)
-        checkout = sh([sys.executable, ROOT / "scripts" / "train.py", *args, f"hydra.run.dir={tmp_path / objective}"],
-                      cwd=ROOT)
+        checkout = here(capsys, "train", *args, f"hydra.run.dir={tmp_path / objective}")
         assert VALIDATION.search(wheel).group(1) == VALIDATION.search(checkout).group(1)
         runs[objective] = work / objective / "checkpoints" / "last.ckpt"
         assert runs[objective].is_file()
 
     # evaluate on the bundled held-out proteins (the default data.path), from outside the checkout
     sh([exe, "evaluate", f"ckpt={runs['mlm']}", "data.max_records=20", "progress=false", "output_dir=eval"], cwd=work)
-    sh([sys.executable, ROOT / "scripts" / "evaluate.py", f"ckpt={runs['mlm']}", "data.max_records=20",
-        "progress=false", f"output_dir={tmp_path / 'eval'}"], cwd=ROOT)
+    here(capsys, "evaluate", f"ckpt={runs['mlm']}", "data.max_records=20", "progress=false",
+         f"output_dir={tmp_path / 'eval'}")
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (work / "eval", tmp_path / "eval"))
     assert a["num_sequences"] == 20 and a["perplexity"] == b["perplexity"] and a["num_tokens"] == b["num_tokens"]
 
@@ -94,15 +102,14 @@ def test_installed_commands_match_the_checkout(installed, tmp_path):
     lines = sh([py, "-c", f"import gzip; print(''.join(list(gzip.open({heldout!r}, 'rt'))[:150]))"], cwd=work)
     fasta.write_text(lines)
     sh([exe, "embed", f"ckpt={runs['mlm']}", f"input={fasta}", "output=few.h5", "progress=false"], cwd=work)
-    sh([sys.executable, ROOT / "scripts" / "embed.py", f"ckpt={runs['mlm']}", f"input={fasta}",
-        f"output={tmp_path / 'few.h5'}", "progress=false"], cwd=ROOT)
+    here(capsys, "embed", f"ckpt={runs['mlm']}", f"input={fasta}", f"output={tmp_path / 'few.h5'}", "progress=false")
     with h5py.File(work / "few.h5") as f, h5py.File(tmp_path / "few.h5") as g:
         assert f["ids"].shape[0] > 5
         np.testing.assert_array_equal(f["mean"][:], g["mean"][:])
 
     # generate from the causal model
     sh([exe, "generate", f"ckpt={runs['clm']}", "num_samples=2", "max_length=20", "seed=1", "output=s.fasta"], cwd=work)
-    sh([sys.executable, ROOT / "scripts" / "generate.py", f"ckpt={runs['clm']}", "num_samples=2", "max_length=20",
-        "seed=1", f"output={tmp_path / 's.fasta'}"], cwd=ROOT)
+    here(capsys, "generate", f"ckpt={runs['clm']}", "num_samples=2", "max_length=20", "seed=1",
+         f"output={tmp_path / 's.fasta'}")
     assert (work / "s.fasta").read_text() == (tmp_path / "s.fasta").read_text()
     assert (work / "s.fasta").read_text().count(">") == 2
