@@ -1,7 +1,8 @@
 """train never runs a file's code, deletes or replaces only what it wrote, answers every
 error (Hydra's included) in one line with exit 2 and nothing left behind, and a run killed
 with SIGKILL resumes to the result of an uninterrupted one. The commands run as a user runs
-them (``python scripts/train.py``) where the point is what reaches the disk."""
+them (``python scripts/train.py``, a child process forked with the imports done: tests/forkserver.py)
+where the point is what reaches the disk."""
 import hashlib
 import os
 import signal
@@ -18,6 +19,7 @@ from protein_performer.errors import UserError
 from protein_performer.training.run import train
 
 from conftest import ROOT
+from forkserver import forks
 
 TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
         "data.max_len=48", "data.batch_size=16", "data.max_tokens=null", "data.crop_schedule=null",
@@ -35,8 +37,8 @@ def command(*args: str) -> list[str]:
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(command(*args), capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return forks().run(command(*args), capture_output=True, text=True, cwd=cwd, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def one_line_exit_2(out: subprocess.CompletedProcess) -> str:
@@ -204,8 +206,7 @@ def test_settings_are_refused_before_any_work(tmp_path, override):
 # --- kill -9 and rerun --------------------------------------------------------------------
 def _kill_when(args, cwd: Path, ready) -> None:
     """Start the command and SIGKILL it as soon as ``ready()`` holds."""
-    p = subprocess.Popen(command(*args), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    p = forks().popen(command(*args), cwd=cwd, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         deadline = time.time() + 240
         while not ready() and p.poll() is None and time.time() < deadline:
