@@ -38,7 +38,7 @@ def choice(name: str, loaded, seed: int) -> dict:
     import numpy as np
 
     from protein_performer.finetune.pooling_choice import choose_by_cv
-    task, ex, chosen, _ = downstream.load_task(name, recipes.SIZES[name], seed)
+    task, ex, chosen, _ = downstream.load_task(name, downstream.STUDY_SIZES[name], seed)
     depth, dim = loaded.net.depth, loaded.net.config.dim
     f = downstream.protein_features(loaded, [ex.seqs[i] for i in chosen["train"]], depth)
     X = np.concatenate([f["mean", i] for i in range(depth + 1)], 1)

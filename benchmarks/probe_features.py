@@ -21,7 +21,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, downstream, recipes  # noqa: E402
+from benchmarks import common, downstream  # noqa: E402
 
 DOC = common.DOCS / "probe_features.md"
 RAW = common.DOCS / "results" / "probe_features.json"
@@ -42,12 +42,12 @@ def feature_sets(f: dict, comp, depth: int) -> dict:
 
 
 def task_features(name: str, loaded, seed: int):
-    """The task's seeded subsample (recipes.py's sizes) as probe inputs: (task, classes, {part: labels},
+    """The task's seeded subsample (downstream.STUDY_SIZES, recipes.py's) as probe inputs: (task, classes, {part: labels},
     {part: {feature set: (N, D)}}, {part: composition}, {split: proteins used}) for the train and test parts."""
     import numpy as np
 
     from protein_performer.probe import composition_features
-    task, ex, chosen, _ = downstream.load_task(name, recipes.SIZES[name], seed)
+    task, ex, chosen, _ = downstream.load_task(name, downstream.STUDY_SIZES[name], seed)
     classes = sorted(set(ex.labels)) if task == "classification" else []
     y, sets, comp = {}, {}, {}
     for part in ("train", "test"):

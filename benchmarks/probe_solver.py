@@ -25,7 +25,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, downstream, probe_features, recipes  # noqa: E402
+from benchmarks import common, downstream, probe_features  # noqa: E402
 
 DOC = common.DOCS / "probe_solver.md"
 TASKS = ("signalp", "scop", "family", "ss3")               # the classification tasks; ridge has no solver
@@ -53,7 +53,7 @@ def residue_task(loaded, seed: int):
     (:data:`head_init.PROBE_RESIDUES`) and every residue of the test proteins: ({part: labels},
     {part: {feature set: (residues, D)}})."""
     from protein_performer.finetune.head_init import PROBE_RESIDUES
-    _, ex, chosen, _ = downstream.load_task("ss3", recipes.SIZES["ss3"], seed)
+    _, ex, chosen, _ = downstream.load_task("ss3", downstream.STUDY_SIZES["ss3"], seed)
     keep, y_tr, y_te = downstream.residue_sample(ex, chosen["train"], chosen["test"], PROBE_RESIDUES, seed)
     depth, sets = loaded.net.depth, {}
     for part, k in (("train", keep), ("test", None)):

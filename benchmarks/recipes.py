@@ -39,8 +39,6 @@ GATE_MARKERS = ("<!-- gate: start -->", "<!-- gate: end -->")
 #: confidence of their best fine-tuned candidate over the probe): the epoch alone, and the ensemble
 GATE_RECIPES = ("stop_on_metric", "ensemble", "ensemble_epoch", "pooling_auto")
 THRESHOLDS = (0.0, 0.5, 0.8, 0.9, 0.95)
-#: the study's proteins per task (train, valid, test; None: all): downstream.SIZES with scop cut
-SIZES = {**downstream.SIZES, "scop": (2000, 300, None)}
 EPOCHS = 3
 STUDY_TASKS = ("signalp", "scop", "stability", "ss3")
 #: finetune's settings for every recipe (downstream.py's recipe)
@@ -129,7 +127,7 @@ def baseline(args) -> dict:
     from protein_performer import finetune as FT
     from protein_performer.hub.load import load_model
     loaded = load_model(args.ckpt)
-    task, ex, chosen, _ = downstream.load_task(args.task, SIZES[args.task], args.seed)
+    task, ex, chosen, _ = downstream.load_task(args.task, downstream.STUDY_SIZES[args.task], args.seed)
     depth, tr, te = loaded.net.depth, chosen["train"], chosen["test"]
     used = {s: len(i) for s, i in chosen.items()}
     if task != "residue":
@@ -160,7 +158,7 @@ def finetune_run(args) -> dict:
     from protein_performer import finetune as FT
     settings = {**BASE, **RECIPES[args.recipe][1], "seed": args.seed}
     epochs = settings.pop("epochs", EPOCHS)
-    task, ex, chosen, _ = downstream.load_task(args.task, SIZES[args.task], args.seed)
+    task, ex, chosen, _ = downstream.load_task(args.task, downstream.STUDY_SIZES[args.task], args.seed)
     if task == "residue":
         settings.pop("pooling")  # a class per residue: no pooling
         settings["window"] = FT.RESIDUE_WINDOW

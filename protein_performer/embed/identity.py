@@ -1,6 +1,6 @@
 """What both output formats share: the identity that defines an output (a rerun resumes
-only when all of it matches), the names proteins get in it, and the path checks made
-before anything is loaded or written."""
+only when all of it matches), the names proteins get in it, and the paths
+beside an output (its journal, its lock)."""
 from __future__ import annotations
 
 import json
@@ -100,22 +100,3 @@ def lock_path(output: str | Path) -> Path:
 def journal_path(output: str | Path) -> Path:
     path = Path(output)
     return path.with_name(path.name + ".partial")
-
-
-def check_output_paths(output, pt_dir, input, ckpt, overwrite: bool = False) -> None:
-    """Before anything is loaded, through the output guard (:mod:`protein_performer.output_guard`):
-    two outputs that are two paths, no output below a regular file, a pt_dir that is a folder, no
-    output (or its journal / lock) that is, or lies inside, the input or the checkpoint, and an
-    existing ``output`` only if embed wrote it (:func:`~protein_performer.embed.h5.check_path`:
-    a foreign file is refused, overwrite or not)."""
-    from ..output_guard import OutputGuard
-    from .h5 import check_path
-    if output is not None and pt_dir is not None and Path(output).resolve() == Path(pt_dir).resolve():
-        raise UserError(f"output {output} and pt_dir {pt_dir} are the same path; give two")
-    guard = OutputGuard("embed", {k: v for k, v in (("input", input), ("ckpt", ckpt)) if isinstance(v, (str, Path))},
-                        overwrite=overwrite)
-    if output is not None:
-        guard.file("output", output, ours=lambda p: check_path(p) is None)
-        guard.folder_path("output (its journal)", journal_path(output), holds=False)
-        guard.overlap("output (its lock)", lock_path(output))
-    guard.folder_path("pt_dir", pt_dir)  # the files in it: its own journal's rules (PtOutput)

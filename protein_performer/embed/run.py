@@ -16,11 +16,12 @@ from ..data.sampler import MAX_TOKENS
 from ..errors import UserError
 from ..files import exclusive_lock, file_sha256
 from ..hub.load import LoadedModel, load_model, weights_sha256
+from ..output_guard import OutputGuard
 from ..formats import detect_format
 from ..sequences import read_sequences, skipped_text
 from .embedder import Embedder, build_embedder, check_finite, check_finite_weights
-from .h5 import H5Output
-from .identity import check_name, check_output_paths, lock_path, model_config, safe_name
+from .h5 import H5Output, check_path
+from .identity import check_name, journal_path, lock_path, model_config, safe_name
 from .plan import Outputs, Plan, Work
 from ..data.buckets import check_buckets
 from .pt_dir import PtOutput
@@ -120,6 +121,23 @@ def embed_file(ckpt: Any, input: str | Path, output: str | Path | None = None, p
         read = functools.partial(read_sequences, input, format, tokenizer=tok, on_invalid=on_invalid, warn=False)
         work = Work(plan, str(input), read, Outputs(h5, pt, ids, precision))
         return _run(work, emb, loaded.tokenizer.pad_id, pl_trainer, progress, stats)
+
+
+def check_output_paths(output, pt_dir, input, ckpt, overwrite: bool = False) -> None:
+    """Before anything is loaded, through the output guard (:mod:`protein_performer.output_guard`):
+    two outputs that are two paths, no output below a regular file, a pt_dir that is a folder, no
+    output (or its journal / lock) that is, or lies inside, the input or the checkpoint, and an
+    existing ``output`` only if embed wrote it (:func:`~protein_performer.embed.h5.check_path`:
+    a foreign file is refused, overwrite or not)."""
+    if output is not None and pt_dir is not None and Path(output).resolve() == Path(pt_dir).resolve():
+        raise UserError(f"output {output} and pt_dir {pt_dir} are the same path; give two")
+    guard = OutputGuard("embed", {k: v for k, v in (("input", input), ("ckpt", ckpt)) if isinstance(v, (str, Path))},
+                        overwrite=overwrite)
+    if output is not None:
+        guard.file("output", output, ours=lambda p: check_path(p) is None)
+        guard.folder_path("output (its journal)", journal_path(output), holds=False)
+        guard.overlap("output (its lock)", lock_path(output))
+    guard.folder_path("pt_dir", pt_dir)  # the files in it: its own journal's rules (PtOutput)
 
 
 def _check_records(input, format, tok, on_invalid, stats: dict, emb: Embedder, pt: bool):
