@@ -53,7 +53,10 @@ os.environ.clear(); os.environ.update(req["env"])
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0); os.close(null)
 for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
-    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if path is None:  # stderr=subprocess.STDOUT: the same open file as stdout, in order
+        os.dup2(1, 2)
+        continue
+    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(f, fd); os.close(f)
 import random, runpy, types
 import numpy
@@ -134,7 +137,7 @@ class Child:
     def _end(self, code: int) -> None:
         self.returncode = code
         self.stdout = self._out.read_text(errors="replace")
-        self.stderr = self._err.read_text(errors="replace")
+        self.stderr = self._err.read_text(errors="replace") if self._err else None
         self._server._busy = False
 
 
@@ -168,24 +171,30 @@ class ForkServer:
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)
 
-    def popen(self, cmd, cwd=None, env=None) -> Child:
-        """Start ``cmd`` (``[sys.executable, "-c", CODE, *args]`` or ``[sys.executable, SCRIPT, *args]``)."""
+    def popen(self, cmd, cwd=None, env=None, stdout: Path | None = None, stderr=None) -> Child:
+        """Start ``cmd`` (``[sys.executable, "-c", CODE, *args]`` or ``[sys.executable, SCRIPT, *args]``);
+        ``stdout``: a file to write it into (default: one of the server's, read back); ``stderr``:
+        ``subprocess.STDOUT`` to write it into the same open file as stdout."""
         cmd = [str(c) for c in cmd]
         assert cmd[0] == sys.executable and len(cmd) > 1, cmd
         assert not self._busy, "one forked child at a time"
+        assert stderr in (None, subprocess.STDOUT), stderr
         self._n += 1
-        out, err = (Path(self._tmp.name) / f"{self._n}.{s}" for s in ("out", "err"))
+        out = Path(stdout) if stdout is not None else Path(self._tmp.name) / f"{self._n}.out"
+        err = None if stderr == subprocess.STDOUT else Path(self._tmp.name) / f"{self._n}.err"
         req = dict(argv=cmd[1:], cwd=str(cwd or os.getcwd()), env=dict(os.environ if env is None else env),
-                   stdout=str(out), stderr=str(err))
+                   stdout=str(out), stderr=None if err is None else str(err))
         self._proc.stdin.write(json.dumps(req) + "\n")
         self._proc.stdin.flush()
         self._busy = True
         return Child(self, out, err)
 
-    def run(self, cmd, cwd=None, env=None, timeout: float | None = None, check: bool = False,
-            **_ignored) -> subprocess.CompletedProcess:
-        """``subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)``."""
-        child = self.popen(cmd, cwd=cwd, env=env)
+    def run(self, cmd, cwd=None, env=None, timeout: float | None = None, check: bool = False, stdout=None,
+            stderr=None, capture_output=True, text=True) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)``
+        (``stdout``, ``stderr``: as for :meth:`popen`)."""
+        assert text, "text output only"
+        child = self.popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -29,6 +29,7 @@ from protein_performer.hub.load import load_model, weights_sha256
 from protein_performer.hub.export import export
 
 from conftest import save_checkpoint
+from forkserver import forks
 from test_embed import h5_contents, run_script, tiny
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
@@ -114,8 +115,8 @@ def test_kill_9_at_seeded_points_then_resume_gives_the_clean_files(ckpt, tmp_pat
     n_batches = len(E.Embedder(tiny().model, [2], ["mean"]).batches([len(q) + 2 for _, q in proteins()[:12]], 600))
 
     def killed(where, n, **settings):
-        r = subprocess.run([sys.executable, "-c", CHILD, where, str(n), json.dumps(kw(work, **settings))],
-                           capture_output=True, text=True, cwd=tmp_path)
+        r = forks().run([sys.executable, "-c", CHILD, where, str(n), json.dumps(kw(work, **settings))],
+                        capture_output=True, text=True, cwd=tmp_path)  # a child process, its imports done
         assert r.returncode == -signal.SIGKILL, (where, n, r.stdout, r.stderr[-3000:])
 
     k = rng.randint(1, n_batches - 1)
