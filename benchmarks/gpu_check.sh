@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (issues 20, 42) in one command that returns figures within 4 minutes on one GPU,
 # compiles included: the CUDA tests (tests/test_cuda.py, marker cuda; at most ~90 s, each test under
-# its own pytest-timeout limit), then benchmarks/gpu.py (at most ~2 minutes: it starts no row after
+# its own pytest-timeout limit), then benchmarks/speed/gpu.py (at most ~2 minutes: it starts no row after
 # --budget seconds and writes each row to docs/benchmarks_gpu.md and the JSON as soon as it is measured,
 # so whatever stops it, the rows measured so far are kept). Nothing in it depends on fla working.
 #
@@ -81,7 +81,7 @@ timeout -s INT -k 7 "$TESTS_LIMIT" "$PY" -m pytest -m cuda tests/test_cuda.py -p
 echo "gpu_check: tests done at $((SECONDS - START)) s (status $status)"
 
 # 2. the benchmark: rows written as measured; no row started after BENCH_BUDGET s
-timeout -k 4 "$BENCH_LIMIT" "$PY" benchmarks/gpu.py --budget "$BENCH_BUDGET" --json "$LOGS/benchmarks_gpu.json" \
+timeout -k 4 "$BENCH_LIMIT" "$PY" benchmarks/speed/gpu.py --budget "$BENCH_BUDGET" --json "$LOGS/benchmarks_gpu.json" \
     2>&1 | tee "$LOGS/gpu_bench.log" || status=$?
 echo "gpu_check: benchmark done at $((SECONDS - START)) s (status $status)"
 if [ -n "$OUT" ]; then cp docs/benchmarks_gpu.md "$OUT/" || true; fi

@@ -113,9 +113,11 @@ def probe(cfg: DictConfig) -> None:
     from .output_guard import OutputGuard
     output = kw.pop("output")
     embeddings = kw["embeddings"] if isinstance(kw["embeddings"], list) else [kw["embeddings"]]
-    OutputGuard("probe", {"labels": kw["labels"], "test_labels": kw["test_labels"],
-                          **{f"embeddings[{i}]": e for i, e in enumerate(embeddings)}},
-                overwrite=bool(kw.pop("overwrite", False))).file("output", output or None)
+    guard = OutputGuard("probe", {"labels": kw["labels"], "test_labels": kw["test_labels"],
+                                  **{f"embeddings[{i}]": e for i, e in enumerate(embeddings)}},
+                        overwrite=bool(kw.pop("overwrite", False)))
+    guard.file("output", output or None)
+    guard.sweep()
     result = call(run_probe, kw.pop("embeddings"), kw.pop("labels"), **kw)
     print(format_result(result))
     if output:

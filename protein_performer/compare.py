@@ -99,6 +99,7 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
         calibration = calibrate(models, train_overrides, extras, float(time_budget), calibration_reps)
         guard.record(out / "calibration.json")
         write_json(out / "calibration.json", calibration, indent=2)
+        guard.seal(out / "calibration.json")
         for name in models:
             extras[name] += [f"trainer.max_steps={calibration['steps'][name]}", "trainer.max_time=null"]
     for name in models:
@@ -112,12 +113,14 @@ def compare(models: Sequence[str], train_overrides: Sequence[str], heldout: str 
         results[name]["training"] = train_info[name]
         if long_results:
             results[name]["long_heldout"] = long_results[name]
-    guard.record(out / "comparison.json", *((doc, Path(doc).with_suffix(".png")) if doc is not None else ()))
+    reports = (out / "comparison.json", *((doc, Path(doc).with_suffix(".png")) if doc is not None else ()))
+    guard.record(*reports)
     write_json(out / "comparison.json", results, indent=2)
     if doc is not None:
         write_comparison_doc(results, doc, out / "eval" / "metrics.png", train_overrides, heldout,
                              command=command, exact_name=exact_name, title=title, calibration=calibration,
                              long_heldout=long_heldout)
+    guard.seal(*reports)
     return results
 
 

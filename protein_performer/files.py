@@ -178,16 +178,19 @@ class WrittenFiles:
     so a cleanup or an ``overwrite`` removes exactly those and nothing a user put beside them.
 
     ``record`` is called *before* the file is created (a kill between the two leaves a
-    recorded name with no file, which is harmless); ``remove_all`` deletes the recorded
-    paths, then the journal itself."""
+    recorded name with no file, which is harmless); ``seal``, where a writer calls it, notes what
+    the file holds once written, so that a user's later edit shows (:meth:`unchanged`);
+    ``remove_all`` deletes the recorded paths, then the journal itself."""
 
     def __init__(self, journal: str | Path):
         self.journal = Path(journal)
         self.paths: list[str] = []
+        self.hashes: dict[str, str] = {}  # key -> SHA-256 of what was written (sealed paths only)
         if self.journal.is_file():
             try:
-                self.paths = list(json.loads(self.journal.read_text()).get("written", []))
-            except (ValueError, AttributeError):
+                data = json.loads(self.journal.read_text())
+                self.paths, self.hashes = list(data.get("written", [])), dict(data.get("sha256", {}))
+            except (ValueError, AttributeError, TypeError):
                 raise UserError(f"{self.journal}: not a journal this tool wrote (unreadable JSON)") from None
         self._keys = set(self.paths)  # membership in O(1): a run may write 100,000 files
 
@@ -207,15 +210,30 @@ class WrittenFiles:
         if new:
             self.paths += new
             self._keys.update(new)
-            write_json(self.journal, {"written": self.paths})
+            self._save()
         return Path(p)
+
+    def seal(self, *paths: str | Path) -> None:
+        """Note what ``paths`` (recorded, just written whole) hold: a file the tool wrote and a user
+        then changed is the user's (:meth:`unchanged`)."""
+        self.hashes.update((self._key(p), file_sha256(p)) for p in paths)
+        self._save()
+
+    def unchanged(self, p: str | Path) -> bool:
+        """``p`` holds what was written there (:meth:`seal`); False for a path never sealed."""
+        digest = self.hashes.get(self._key(p))
+        return digest is not None and Path(p).is_file() and file_sha256(p) == digest
 
     def forget(self, p: str | Path) -> None:
         key = self._key(p)
         if key in self._keys:
             self.paths.remove(key)
             self._keys.discard(key)
-            write_json(self.journal, {"written": self.paths})
+            self.hashes.pop(key, None)
+            self._save()
+
+    def _save(self) -> None:
+        write_json(self.journal, {"written": self.paths, **({"sha256": self.hashes} if self.hashes else {})})
 
     def remove_dead_temporaries(self) -> None:
         """What a kill inside the journal's own atomic write left (it cannot record its own
@@ -235,7 +253,7 @@ class WrittenFiles:
     def remove_all(self) -> None:
         for key in reversed(self.paths):
             remove_path(self.path_of(key))
-        self.paths, self._keys = [], set()
+        self.paths, self._keys, self.hashes = [], set(), {}
         self.journal.unlink(missing_ok=True)
 
 

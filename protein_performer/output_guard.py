@@ -11,8 +11,11 @@ destroy something the command did not make:
   would leave the command's output folder: an absolute name, ``..``, a ``/``, or a symlink out;
 - **two outputs at one path** (``names=[metrics.json]`` beside ``metrics.json``);
 - an **existing file the command cannot tell it wrote** (its folder's journal,
-  :data:`JOURNAL`, lists what it wrote), unless ``overwrite=true``; and even then only after a
-  warning line naming it on stderr, before any work.
+  :data:`JOURNAL`, lists what it wrote and what each file held: one a user changed since is the
+  user's), unless ``overwrite=true``; and even then only after a warning line naming it on stderr,
+  before any work.
+
+:meth:`OutputGuard.sweep` removes what a killed run of the command left beside its outputs.
 
 Folder outputs with their own journal (export, finetune, embed's pt_dir, a training run folder)
 use :meth:`OutputGuard.folder` for the path checks and keep their journal's rules for the files
@@ -71,7 +74,7 @@ class OutputGuard:
     embeddings, labels). ``overwrite``: the command's ``overwrite=true``. ``folder``: the
     command's own output folder, whose :data:`JOURNAL` records what it wrote there (``journal``
     true) so that a rerun replaces its own files without ``overwrite``; :meth:`record` adds to it
-    just before a file is written."""
+    just before a file is written, :meth:`seal` notes what it holds once written."""
 
     def __init__(self, command: str, inputs: Mapping[str, Any] | None = None, *, overwrite: bool = False,
                  folder: str | Path | None = None, journal: bool = False):
@@ -85,6 +88,7 @@ class OutputGuard:
             self._journal = WrittenFiles(self.folder / JOURNAL) if (self.folder / JOURNAL).is_file() else None
         self._journal_wanted = journal and self.folder is not None
         self.warned: list[Path] = []
+        self.files: list[Path] = []  # the output files checked, as given: what :meth:`sweep` looks beside
 
     # --- the checks ---------------------------------------------------------------------
     def overlap(self, key: str, path: str | Path, *, holds: bool = False) -> None:
@@ -125,9 +129,10 @@ class OutputGuard:
             raise UserError(f"{key}={path}: is a directory; give a file path")
         if os.path.lexists(p) and not self.wrote(p, ours):
             if not self.overwrite:
-                raise UserError(f"{key}={path}: exists; pass overwrite=true to replace it (a file {self.command} "
-                                f"did not record writing) or choose another {key}")
+                raise UserError(f"{key}={path}: exists; pass overwrite=true to replace it ({self._whose(p)}) "
+                                f"or choose another {key}")
             self.warn(p, key)
+        self.files.append(p)
         return p
 
     def folder_path(self, key: str, path: str | Path | None, *, holds: bool = True) -> Path | None:
@@ -162,9 +167,10 @@ class OutputGuard:
 
     # --- what the command wrote ---------------------------------------------------------
     def wrote(self, path: Path, ours: Callable[[Path], bool] | None = None) -> bool:
-        """Whether the command can tell it wrote ``path``: recorded in its folder's journal, or
-        ``ours(path)`` (which may also refuse in one line itself, raising a UserError)."""
-        if self._journal is not None and Path(path) in self._journal:
+        """Whether the command can tell it wrote ``path``: recorded in its folder's journal and holding
+        what it wrote there (a file a user changed since is the user's), or ``ours(path)`` (which may
+        also refuse in one line itself, raising a UserError)."""
+        if self._journal is not None and self._journal.unchanged(path):
             return True
         if ours is not None:
             try:
@@ -187,9 +193,30 @@ class OutputGuard:
             self._journal = WrittenFiles(self.folder / JOURNAL)
         self._journal.record(*inside)
 
+    def seal(self, *paths: str | Path) -> None:
+        """Note in the journal what ``paths`` (recorded, just written) hold: a later change makes them
+        the user's (a no-op without a journal)."""
+        inside = [p for p in paths if self._journal is not None and Path(p) in self._journal and Path(p).is_file()]
+        if inside:
+            self._journal.seal(*inside)
+
+    def sweep(self) -> None:
+        """Remove the hidden temporaries that a killed run of this command left beside the output files
+        checked (and the folder's journal): those of dead processes, as finetune sweeps its output_dir
+        (:func:`~protein_performer.files.remove_dead_temporaries`). Pids are this machine's: for commands
+        that write from one process."""
+        from .files import remove_dead_temporaries
+        for p in [*self.files, *([self.folder / JOURNAL] if self._journal_wanted else [])]:
+            remove_dead_temporaries(p)
+
+    def _whose(self, path: Path) -> str:
+        if self._journal is not None and Path(path) in self._journal:
+            return f"changed since {self.command} wrote it"
+        return f"a file {self.command} did not record writing"
+
     def warn(self, path: Path, key: str) -> None:
         if path not in self.warned:
             self.warned.append(path)
-            print(f"warning: {key}: overwrite=true replaces {path}, a file {self.command} did not record "
-                  f"writing", file=sys.stderr, flush=True)
+            print(f"warning: {key}: overwrite=true replaces {path}, {self._whose(path)}", file=sys.stderr,
+                  flush=True)
 

@@ -265,7 +265,7 @@ def detect_task(labels: Sequence[str], max_classes: int = 20) -> str:
 
 # --- the probe ---------------------------------------------------------------------------
 #: the logistic-regression probe's solver ("auto": :func:`.probe_solver.solver_for` at fit time;
-#: benchmarks/probe_solver.py times both) and its stopping tolerance (the gradient's largest entry):
+#: benchmarks/speed/solver_timing.py times both) and its stopping tolerance (the gradient's largest entry):
 #: scikit-learn's 1e-4 stops Newton-CG a few 1e-3 of a probability short of Newton-Cholesky's optimum;
 #: 1e-5 reaches it on family's 640 features
 SOLVER, TOL = "auto", 1e-5

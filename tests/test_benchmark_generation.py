@@ -1,11 +1,11 @@
-"""benchmarks/generation.py's synthetic decoding states against real ones: the state it builds for
+"""benchmarks/speed/generation.py's synthetic decoding states against real ones: the state it builds for
 position p must have the shapes (and so the bytes) of the state that decoding p - 1 tokens leaves,
 the local heads' bounded key/value cache included."""
 from types import SimpleNamespace
 
 import torch
 
-from benchmarks import generation
+from benchmarks.speed import generation
 
 
 def _shapes(state):

@@ -51,11 +51,12 @@ def test_measure_keeps_warmup_apart():
 
 
 def test_every_benchmark_script_parses_its_arguments():
-    """Each benchmarks/*.py answers --help (its argument parser, defaults included, is built without
-    error): a benchmark is only run by hand, so nothing else would notice a broken one."""
+    """Each benchmarks/**/*.py and data/labeled/scripts/*.py answers --help (its argument parser, defaults
+    included, is built without error): a benchmark is only run by hand, so nothing else would notice a broken one."""
     import subprocess
     import sys
-    scripts = sorted(p for p in common.ROOT.joinpath("benchmarks").glob("*.py") if p.name not in ("__init__.py", "common.py"))
+    scripts = sorted(p for p in [*common.ROOT.joinpath("benchmarks").rglob("*.py"), *common.ROOT.glob("data/labeled/scripts/*.py")]
+                     if p.name not in ("__init__.py", "common.py"))
     assert len(scripts) >= 10
     for script in scripts:
         r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
@@ -70,7 +71,7 @@ def test_downstream_per_task_values_parse_and_refuse(capsys):
 
     import pytest
 
-    from benchmarks import downstream
+    from benchmarks.quality import downstream
     ap = argparse.ArgumentParser(prog="downstream.py")
     assert downstream.parse_per_task(ap, "--train", ["scop=8000", "ss3=10"]) == {"scop": 8000, "ss3": 10}
     for bad in ("foo=3", "scop=0", "scop", "scop=x"):
@@ -82,7 +83,7 @@ def test_downstream_per_task_values_parse_and_refuse(capsys):
 def test_downstream_kept_column_names_the_weights_and_their_confidence():
     """The top table's `kept (confidence)` cell, from finetune's selection: the epoch or the probe, and the
     best epoch's bootstrap confidence where one was measured (none: the probe won validation outright)."""
-    from benchmarks import downstream
+    from benchmarks.quality import downstream
     assert downstream.kept({"selection": {"kept": "epoch 6", "confidence": 0.9975}}) == "epoch 6 (0.998)"
     assert downstream.kept({"selection": {"kept": "probe", "confidence": 0.896}}) == "probe (0.896)"
     assert downstream.kept({"selection": {"kept": "probe"}}) == "probe"

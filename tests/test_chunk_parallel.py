@@ -3,7 +3,7 @@ the sequential chunked path's states, and its own promise: a number of ops that 
 import pytest
 import torch
 
-from benchmarks.launches import count_aten_ops
+from benchmarks.speed.launches import count_aten_ops
 from protein_performer.attention import chunk_parallel
 from protein_performer.attention.chunk_parallel import chunk_parallel_linear_attention, parallel_chunk_length
 from protein_performer.attention.naive import naive_linear_attention

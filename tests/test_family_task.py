@@ -1,5 +1,5 @@
-"""The fifth downstream task's builder (benchmarks/family_task.py) and the recipe study's table
-(benchmarks/recipes.py), on inputs written here."""
+"""The fifth downstream task's builder (data/labeled/scripts/family_task.py) and the recipe study's table
+(benchmarks/quality/recipes.py), on inputs written here."""
 import csv
 import gzip
 import io
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from benchmarks import family_task, recipes
+import family_task  # data/labeled/scripts/ (pyproject: pytest pythonpath)
+from benchmarks.quality import recipes
 
 HEADERS = [  # (UniProt header, the family it names: by hand)
     ("tr|A1|A1_ECOLI Threonine--tRNA ligase OS=Escherichia coli PE=3 SV=1", "tRNA ligase"),

@@ -118,12 +118,13 @@ def test_row_references_equal_full_quadratic_attention(causal):
 
 
 def test_benchmark_quick_floor_is_the_mean_of_values(tmp_path):
-    """benchmarks/fidelity.py --quick writes its doc; its 'mean of values' cell is recomputed here from
+    """benchmarks/quality/fidelity.py --quick writes its doc; its 'mean of values' cell is recomputed here from
     the same data (the benchmark's seed-0 draw) with the full quadratic reference."""
     out = tmp_path / "fidelity.md"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--quick", "--out", str(out)],
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality" / "fidelity.py"), "--quick", "--out", str(out)],
                    check=True, capture_output=True)
-    from benchmarks import common, fidelity
+    from benchmarks import common
+    from benchmarks.quality import fidelity
     table = common.read_md_table(out, "head_dim 16, logit std 1")
     mean = next(r for r in table if r["kernel"] == "mean of values")
     q, k, v = (t[:, :, :64] for t in fidelity.iid(16, 1.0, 256, 2, seed=0))
@@ -139,7 +140,8 @@ def test_benchmark_quick_floor_is_the_mean_of_values(tmp_path):
 def test_checkpoint_qkv_are_what_the_layers_attend_with(tmp_path):
     """(b)'s q, k, v of a (tiny, exact-attention) checkpoint: softmax attention of them, through the layer's
     output projection, is the layer's output on the same tokens; the benchmark then scores them."""
-    from benchmarks import common, fidelity
+    from benchmarks import common
+    from benchmarks.quality import fidelity
     from protein_performer.training.task import ProteinLM
 
     from conftest import save_checkpoint
@@ -159,7 +161,7 @@ def test_checkpoint_qkv_are_what_the_layers_attend_with(tmp_path):
             mine = block.attn._merge(softmax_attention(q, k, v).float())
         torch.testing.assert_close(mine, out, rtol=1e-5, atol=1e-5)
     doc = tmp_path / "fidelity.md"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--quick", "--ckpt", ckpt,
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality" / "fidelity.py"), "--quick", "--ckpt", ckpt,
                     "--ckpt-proteins", "4", "--ckpt-len", "64", "--out", str(doc)], check=True, capture_output=True)
     table = common.read_md_table(doc, next(line[4:] for line in doc.read_text().splitlines()
                                            if line.startswith("### ") and "(exact)" in line))

@@ -1,9 +1,9 @@
-"""benchmarks/finetune_defaults.py: the drawn task's proteins against the family file's own split column,
+"""benchmarks/quality/finetune_defaults.py: the drawn task's proteins against the family file's own split column,
 and the table's differences against hand-computed ones."""
 import csv
 import gzip
 
-from benchmarks import finetune_defaults as B
+from benchmarks.quality import finetune_defaults as B
 from protein_performer import finetune as FT
 
 

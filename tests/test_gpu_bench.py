@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py on the CPU (``--device cpu --quick``: tiny models, L = 64 and 256): every planned row
+"""benchmarks/speed/gpu.py on the CPU (``--device cpu --quick``: tiny models, L = 64 and 256): every planned row
 ends measured or says why not, the figures are finite and positive, the markdown holds each section's
 rows, and rows reach the files as they are measured (a run ended after its first row keeps it)."""
 import json
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from benchmarks import common, gpu
+from benchmarks import common
+from benchmarks.speed import gpu
 from conftest import ROOT
 
 SECTIONS = {"train", "embed", "startup", "compiled"}
@@ -65,7 +66,7 @@ def test_markdown_has_each_section_and_row(quick):
     md, data = quick
     text = md.read_text()
     assert "not GPU figures" in text.splitlines()[0]
-    assert "commit" in text and "command `python benchmarks/gpu.py" in text
+    assert "commit" in text and "command `python benchmarks/speed/gpu.py" in text
     for heading in ("## 1. LM training step", "### default model (conf/model/base.yaml), bidirectional",
                     "### preset model/size=35m, causal", "## 2. Embedding one long protein",
                     "## 3. From model build to the end of the first training step", "## 4. Compiled steps"):
@@ -85,7 +86,7 @@ def test_rows_reach_the_files_as_measured(tmp_path):
     """A run that ends right after its first row (as a kill would: no final write) has that row in both
     files, and the rows it never reached say so."""
     out = tmp_path / "b.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--quick",
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "speed" / "gpu.py"), "--device", "cpu", "--quick",
                            "--sections", "3,2", "--out", str(out), "--stop-after-rows", "1"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 3, proc.stderr[-3000:]

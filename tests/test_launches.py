@@ -1,6 +1,6 @@
-"""benchmarks/launches.py's proxy for GPU launches: the per-layer op count of the model's parallel path
+"""benchmarks/speed/launches.py's proxy for GPU launches: the per-layer op count of the model's parallel path
 (what CUDA runs where fla does not) does not grow with the length; the CPU path's does (its loop)."""
-from benchmarks.launches import KERNELS, count_aten_ops, layer_ops
+from benchmarks.speed.launches import KERNELS, count_aten_ops, layer_ops
 
 DEFAULT = KERNELS["default (FAVOR+ r = 64 + local head)"]
 

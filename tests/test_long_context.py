@@ -1,4 +1,4 @@
-"""benchmarks/long_context.py --per-protein: each protein's figures are evaluate's on that protein
+"""benchmarks/quality/long_context.py --per-protein: each protein's figures are evaluate's on that protein
 alone, the gap is their ratio, and the repeat measure is zlib's size (a repeat compresses)."""
 import math
 import random
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks import long_context
+from benchmarks.quality import long_context
 from conftest import TINY_MODEL, save_checkpoint
 from protein_performer import evaluate as E
 from protein_performer.hub.load import load_model

@@ -1,7 +1,7 @@
-"""benchmarks/probe_features.py: the feature sets a probe is compared on, built from arrays written here."""
+"""benchmarks/quality/probe_features.py: the feature sets a probe is compared on, built from arrays written here."""
 import numpy as np
 
-from benchmarks import probe_features
+from benchmarks.quality import probe_features
 
 
 def test_feature_sets_stack_layers_and_composition_in_order():

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 
-from conftest import ROOT, run_command
+from conftest import ROOT, dead_pid, run_command
 
 PROTEINS = {"P1": "MKTAYIAKQRQISFVKSHFSRQ", "P2": "MQIFVKTLTGKTITLEVEPSDT", "P3": "MSDNGPQNQRNAPRITFGGPSD",
             "P4": "MKVLAAGIVGLLLAQPALA", "P5": "MSTNPKPQRKTKRNTNRRPQDVKFPGG"}
@@ -218,6 +218,71 @@ def test_probe_writes_only_its_results(tmp_path, capsys):
     assert code == 0, err
     assert_only_added(before, checksums(work), {"probe.json"})
     assert json.loads((work / "probe.json").read_text())["n_train"] == 40
+
+
+def test_evaluate_replaces_its_own_metrics_but_not_a_copy_the_user_changed(tmp_path, capsys, ckpts, fasta):
+    """A file evaluate wrote and the user then edited is the user's: the rerun compares contents with
+    what it wrote (the journal's SHA-256), not only names, and refuses without overwrite=true."""
+    out = tmp_path / "eval"
+    args = [f"ckpt={ckpts['mlm']}", f"data.path={fasta}", f"output_dir={out}", "progress=false", "device=cpu"]
+    assert run("evaluate", capsys, *args) == (0, "")
+    assert run("evaluate", capsys, *args)[0] == 0  # its own, unchanged: replaced without a word
+    metrics = out / "metrics.json"
+    edited = json.loads(metrics.read_text())
+    edited["note"] = "checked by hand"
+    metrics.write_text(json.dumps(edited))
+    before = checksums(out)
+    assert refused("evaluate", capsys, *args) == (
+        f"error: output_dir/metrics.json={metrics}: exists; pass overwrite=true to replace it (changed since "
+        f"evaluate wrote it) or choose another output_dir/metrics.json")
+    assert checksums(out) == before
+    code, err = run("evaluate", capsys, *args, "overwrite=true")
+    assert code == 0 and err == (f"warning: output_dir/metrics.json: overwrite=true replaces {metrics}, changed "
+                                 f"since evaluate wrote it\n")
+    assert "note" not in json.loads(metrics.read_text())
+
+
+def kill_left_overs(outputs: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(what a run killed -9 inside its atomic writes leaves beside ``outputs``: hidden temporaries named
+    by a dead pid, files a rerun must not keep), (files beside them that no killed run left)."""
+    dead = dead_pid()
+    left = [o.with_name(f".{o.name}.{dead}.tmp") for o in outputs]
+    kept = [outputs[0].with_name(n) for n in (f".{outputs[0].name}.{os.getppid()}.tmp",  # a live writer's
+                                              f".notes.txt.{dead}.tmp", f".{outputs[0].name}.mine.tmp")]
+    for p in left + kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("half\n")
+    return left, kept
+
+
+def test_a_rerun_after_a_kill_removes_the_killed_runs_temporaries(tmp_path, capsys, ckpts, fasta):
+    """score, evaluate, probe and generate, rerun after a kill -9 mid-write, remove the hidden temporary
+    copies of their outputs that the killed run left (as finetune does), and nothing else."""
+    from protein_performer.generate import report_path
+    work = tmp_path / "work"
+    rng = np.random.default_rng(0)
+    ids = [f"p{i}" for i in range(40)]
+    write_h5(tmp_path / "e.h5", ids, rng.normal(size=(40, 4)))
+    (tmp_path / "labels.csv").write_text("id,label\n" + "".join(f"{i},{k % 2}\n" for k, i in enumerate(ids)))
+    (tmp_path / "assay.csv").write_text("mutant,DMS_score\nM1A,0.1\nK2R,0.5\nT3S,0.2\nA4G,0.9\n")
+    runs = {"evaluate": ([work / "metrics.json", work / "metrics.csv", work / "metrics.png",
+                          work / ".protein-performer-written.json"],
+                         [f"ckpt={ckpts['mlm']}", f"data.path={fasta}", f"output_dir={work}", "progress=false",
+                          "device=cpu"]),
+            "score": ([work / "scored.csv", work / "scored.metrics.json"],
+                      [f"ckpt={ckpts['mlm']}", f"input={tmp_path / 'assay.csv'}", f"sequence={PROTEINS['P1']}",
+                       f"output={work / 'scored.csv'}", "device=cpu"]),
+            "probe": ([work / "probe.json"], [f"embeddings={tmp_path / 'e.h5'}", f"labels={tmp_path / 'labels.csv'}",
+                                              "folds=2", "shuffle_control=false", f"output={work / 'probe.json'}"]),
+            "generate": ([work / "s.fasta", Path(report_path(work / "s.fasta"))],
+                         [f"ckpt={ckpts['clm']}", f"output={work / 's.fasta'}", "num_samples=2", "max_length=8",
+                          "device=cpu"])}
+    for command, (outputs, args) in runs.items():
+        left, kept = kill_left_overs(outputs)
+        code, err = run(command, capsys, *args)
+        assert code == 0, (command, err)
+        assert [p for p in left if p.exists()] == [] and all(p.exists() for p in kept), command
+        assert all(p.is_file() for p in outputs), command
 
 
 def test_prepare_writes_only_into_its_data_folder(tmp_path, capsys):

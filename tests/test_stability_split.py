@@ -1,5 +1,5 @@
-"""benchmarks/stability_split.py's counts on sequences whose links are known by hand."""
-from benchmarks.stability_split import by_mask, clusters, near_training
+"""data/labeled/scripts/stability_split.py's counts on sequences whose links are known by hand."""
+from stability_split import by_mask, clusters, near_training
 
 
 def test_single_substitution_links_by_hand():

@@ -115,7 +115,7 @@ def _work(task) -> BlockResult:
 
 #: how the worker pool starts. Not "fork": the caller may already run threads (torch's, a logger's),
 #: and a child forked while one of them holds a lock can hang the pool (CI hung so once).
-#: benchmarks/data.py sets "spawn": its workers must be its own children for their CPU time to count.
+#: benchmarks/speed/data.py sets "spawn": its workers must be its own children for their CPU time to count.
 POOL_START = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 

@@ -8,7 +8,7 @@ batches come in a few static shapes (data.buckets, data/buckets.py), and the ran
 is counted between steps, outside the graph (:func:`~protein_performer.attention.layer.count_forwards`).
 
 ``compile=auto`` compiles on CUDA and stays eager on the CPU: a compiled CPU step is 1.2x eager
-after warm-up (benchmarks/training.py, docs/benchmarks_training.md), but each of the ~25 shapes of
+after warm-up (benchmarks/speed/training.py, docs/benchmarks_training.md), but each of the ~25 shapes of
 a bundled-data run (training and validation buckets) compiles for tens of seconds, more than a
 ten-minute run gains back.
 """

@@ -9,7 +9,7 @@ proteins from its training split, test proteins from its test split). Beside it,
 the linear probe on the last layer's mean (embed's defaults) and amino-acid composition, fitted on all
 the training proteins, as the issue's baselines were.
 
-    python benchmarks/finetune_defaults.py --ckpt CKPT [--train 1582] [--test 418] [--seeds 0 1] [KEY=VALUE ...]
+    python benchmarks/quality/finetune_defaults.py --ckpt CKPT [--train 1582] [--test 418] [--seeds 0 1] [KEY=VALUE ...]
 
 KEY=VALUE: finetune settings added to the command line (e.g. pooling_by=cv), to time an option as a user
 would run it; the table then says so.
@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import common, downstream  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import common  # noqa: E402
+from benchmarks.quality import downstream  # noqa: E402
 
 DOC = common.ROOT / "docs" / "finetune_defaults.md"
 RAW = common.ROOT / "docs" / "results" / "finetune_defaults.json"
@@ -71,7 +72,7 @@ def render(res: dict, command: str, raw: Path = RAW) -> str:
              f"`protein-performer finetune ckpt=CKPT labels=L task=classification output_dir=D seed=S{overrides}`, "
              f"nothing else set, on {meta['used']['train']:,} training and {meta['used']['test']:,} test proteins "
              f"drawn (seed "
-             f"{meta['data_seed']}) from the family task (out of sample; benchmarks/family_task.py), the shape of "
+             f"{meta['data_seed']}) from the family task (out of sample; data/labeled/scripts/family_task.py), the shape of "
              f"issue 45's held-out localization task; no validation split, so finetune holds out its own. Model: "
              f"`{meta['ckpt']}`. Wall time: the whole command, from outside. Probe (the last layer's mean) and "
              f"composition: fitted on all {meta['used']['train']:,} training proteins; test accuracy "

@@ -2,7 +2,7 @@
 """Which pooling ``finetune ... pooling=auto pooling_by=cv`` would choose on the recipe study's runs, beside what
 the default (pooling_by=valid: the validation split, through the bootstrap gate) chose there.
 
-    python benchmarks/pooling_cv.py --ckpt CKPT [--tasks signalp scop stability family] [--seeds 0 1]
+    python benchmarks/quality/pooling_cv.py --ckpt CKPT [--tasks signalp scop stability family] [--seeds 0 1]
 
 For each task and seed: recipes.py's seeded subsample, the training split's every-layer means (one pass; the
 last layer's mean is its last block), both of finetune's linear probes fitted on them (head_init.fit_probe) and
@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, downstream, recipes  # noqa: E402
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+from benchmarks import common  # noqa: E402
+from benchmarks.quality import downstream, recipes  # noqa: E402
 
 RAW = common.DOCS / "results" / "pooling_cv.json"
 TASKS = ("signalp", "scop", "stability", "family")

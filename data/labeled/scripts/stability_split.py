@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How TAPE stability's splits relate: why its validation split can choose what its test split punishes.
 
-    python benchmarks/stability_split.py
+    python data/labeled/scripts/stability_split.py
 
 Counts, for the validation and test sequences, those identical to a training sequence and those one
 substitution away from one, and groups the test sequences into clusters linked by single substitutions (union-find over the
@@ -17,8 +17,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+if __name__ == "__main__":  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[3])
 from benchmarks import common  # noqa: E402
 
 FILES = {s: common.ROOT / "data" / "labeled" / f"labeled_stability_tape_proteinbert.{s}.csv.gz"

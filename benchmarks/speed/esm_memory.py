@@ -1,6 +1,6 @@
 """Memory and speed of ESM-2's architectures converted to linear attention, beside ESM-2 in fair-esm.
 
-    nice python benchmarks/esm_memory.py [--points 8M:1024,8192 650M:35000 ...] [--fair 150M:1024 ...]
+    nice python benchmarks/speed/esm_memory.py [--points 8M:1024,8192 650M:35000 ...] [--fair 150M:1024 ...]
 
 Each point runs in a fresh process, so its peak RSS (model and torch included) is its own: one
 random protein of L residues embedded (mean of the last layer) by ``protein_performer.embed_sequences``
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 
 DOC = common.DOCS / "esm.md"

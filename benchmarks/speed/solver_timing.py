@@ -3,7 +3,7 @@
 Newton-Cholesky and Newton-CG, between which ``probe.SOLVER`` ("auto", ``probe.solver_for``) picks by the
 rows per coefficient.
 
-    python benchmarks/probe_solver.py --ckpt CKPT [--tasks signalp scop family ss3] [--seeds 0] [--features last layers]
+    python benchmarks/speed/solver_timing.py --ckpt CKPT [--tasks signalp scop family ss3] [--seeds 0] [--features last layers]
 
 Why: finetune fits this probe before every run (its baseline, LP-FT start and ensemble member), and an
 every-layer probe (640 features) on a 12-class task took Newton-Cholesky 13 min, most of a 20-minute
@@ -24,8 +24,9 @@ import warnings
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, downstream, probe_features  # noqa: E402
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+from benchmarks import common  # noqa: E402
+from benchmarks.quality import downstream, probe_features  # noqa: E402
 
 DOC = common.DOCS / "probe_solver.md"
 TASKS = ("signalp", "scop", "family", "ss3")               # the classification tasks; ridge has no solver

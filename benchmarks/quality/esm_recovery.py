@@ -1,7 +1,7 @@
 """Recovery after the swap: an exact-softmax model's weights under linear attention, then a short
 fine-tune (distillation from the softmax teacher, or continued masked-LM), by held-out length.
 
-    nice python benchmarks/esm_recovery.py [--teacher CKPT] [--kernels softmax elu hedgehog] [--steps 50 200]
+    nice python benchmarks/quality/esm_recovery.py [--teacher CKPT] [--kernels softmax elu hedgehog] [--steps 50 200]
 
 1. The teacher: ``scripts/train.py model=transformer`` (exact softmax; crops up to 1,024 residues, as
    ESM-2 was trained), unless ``--teacher`` names a checkpoint already trained.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 
 DOC = common.DOCS / "esm.md"

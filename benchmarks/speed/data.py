@@ -2,7 +2,7 @@
 plain and gzipped) and loader (tokens/s), on a file made by repeating the bundled real
 proteins, plus the projected time to prepare all of TrEMBL on a 16-core machine.
 
-    nice python benchmarks/data.py [--size-mb 1024] [--out docs/data_benchmarks.md]
+    nice python benchmarks/speed/data.py [--size-mb 1024] [--out docs/data_benchmarks.md]
 
 The test file lives under --tmp (never committed). Each copy of the 20k bundled proteins
 gets TrEMBL-style headers and a rotated sequence, so copies are not exact duplicates.
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 from protein_performer.formats import iter_text_blocks, tokenize_block
 from protein_performer.data import prepare as prepare_module

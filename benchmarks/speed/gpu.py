@@ -28,9 +28,9 @@ says "OOM"; a backend that refuses this machine (fla on a stack it cannot run) s
 run in order of priority (3, then 1 for the default model, 2, then 1 for the presets); the doc shows
 them by section.  Nothing here depends on fla working.
 
-    python benchmarks/gpu.py                                  # about 2 minutes on one H200 (the check's budget)
-    python benchmarks/gpu.py --budget 1800                    # every row
-    python benchmarks/gpu.py --device cpu --quick --out /tmp/b.md   # a tiny smoke run on the CPU (its test)
+    python benchmarks/speed/gpu.py                                  # about 2 minutes on one H200 (the check's budget)
+    python benchmarks/speed/gpu.py --budget 1800                    # every row
+    python benchmarks/speed/gpu.py --device cpu --quick --out /tmp/b.md   # a tiny smoke run on the CPU (its test)
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 
 TOKENS = 65536                              # tokens per training step: batch = max(1, TOKENS // L)
@@ -568,7 +568,7 @@ def main(argv=None) -> None:
     import torch
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu.py needs a CUDA GPU (or --device cpu --quick --out FILE for a smoke run)")
+        sys.exit("benchmarks/speed/gpu.py needs a CUDA GPU (or --device cpu --quick --out FILE for a smoke run)")
     if args.out is None:
         if device.type != "cuda":
             sys.exit("--device cpu: pass --out FILE (docs/benchmarks_gpu.md is for GPU figures)")

@@ -1,9 +1,9 @@
 """Downstream tasks and the variant scorer's speed, written to docs/downstream.md.
 
-    nice python benchmarks/downstream.py --ckpt RUN/checkpoints/last.ckpt [--lora] [--tasks signalp scop ...]
+    nice python benchmarks/quality/downstream.py --ckpt RUN/checkpoints/last.ckpt [--lora] [--tasks signalp scop ...]
 
 On the labeled sets bundled in data/labeled (signal peptide, SCOP class, TAPE stability, FLIP
-secondary structure; and, out of sample, the functional family of benchmarks/family_task.py), one model is compared three ways, on each set's own test split:
+secondary structure; and, out of sample, the functional family of data/labeled/scripts/family_task.py), one model is compared three ways, on each set's own test split:
 
 * fine-tuned: ``protein_performer.finetune.finetune`` (the ``finetune`` command's code), the
   whole encoder trained with a head (and, with ``--lora``, LoRA adapters instead of the
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 
 LABELED = common.ROOT / "data" / "labeled"
@@ -53,7 +53,7 @@ TASKS = {
     "ss3": ("residue", "labeled_ss3_flip_labels_sampled.fasta.gz", None, None,
             "labeled_ss3_flip_sequences.fasta.gz", "secondary structure per residue (H/E/C), FLIP"),
     "family": ("classification", "uniprot_family_names.csv.gz", None, None, None,
-               "functional family (12) named in UniProt descriptions, names split apart (benchmarks/family_task.py)"),
+               "functional family (12) named in UniProt descriptions, names split apart (data/labeled/scripts/family_task.py)"),
 }
 #: tasks no fine-tuning setting was chosen on (issue 45, item 3): reported as out-of-sample rows
 OUT_OF_SAMPLE = ("family",)
@@ -65,7 +65,7 @@ STUDY_SIZES = {**SIZES, "scop": (2000, 300, None)}
 #: tasks fine-tuned for other than --epochs epochs (none since the recipe study of issue 45: every task runs at
 #: most 6 epochs and stops on its validation metric, docs/downstream.md; scop ran 5 before)
 TASK_EPOCHS: dict[str, int] = {}
-#: early stopping (finetune's stop_on, patience): the recipe the study kept (benchmarks/recipes.py, "stop_on_metric")
+#: early stopping (finetune's stop_on, patience): the recipe the study kept (benchmarks/quality/recipes.py, "stop_on_metric")
 STOP_ON, PATIENCE = "metric", 1
 #: the figure each table reports first, per task
 HEADLINE = {"classification": "accuracy", "regression": "spearman", "residue": "q3"}

@@ -10,7 +10,7 @@ naming none or several is dropped, as are proteins over ``--max-length`` residue
 share a description (the same enzyme from many strains, e.g. "Threonine--tRNA ligase") go to one split,
 so the test split asks for families of proteins whose names the training split never had.
 
-    python benchmarks/family_task.py --input ../shared/data/train/uniprotkb_mix_20k.fasta.gz \\
+    python data/labeled/scripts/family_task.py --input ../shared/data/train/uniprotkb_mix_20k.fasta.gz \\
         --output data/labeled/uniprot_family_names.csv.gz
 
 Deterministic for a given input and seed.  Columns: id, sequence, label, split (train / valid / test).
@@ -27,8 +27,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+if __name__ == "__main__":  # run as a file: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[3])
 
 #: label -> the description pattern that names it (case-insensitive)
 FAMILIES = {

@@ -4,11 +4,11 @@ beside the frozen encoder's linear probe and amino-acid composition; the table g
 docs/downstream.md (between its ``recipes`` markers) with the gate study's (finetune's min_confidence read
 off the kept recipe's rows, between its ``gate`` markers), the raw rows into docs/results/finetune_recipes.jsonl.
 
-    python benchmarks/recipes.py run --ckpt CKPT --recipe base --task scop --seed 0   # one run, one row
-    python benchmarks/recipes.py baseline --ckpt CKPT --task scop --seed 0           # probe + composition
-    python benchmarks/recipes.py render                                               # the tables
-    python benchmarks/recipes.py study --ckpt CKPT [--lock /tmp/heavy.lock]           # every missing row, then the table
-    python benchmarks/recipes.py study --ckpt CKPT --final RECIPE                     # then the out-of-sample task
+    python benchmarks/quality/recipes.py run --ckpt CKPT --recipe base --task scop --seed 0   # one run, one row
+    python benchmarks/quality/recipes.py baseline --ckpt CKPT --task scop --seed 0           # probe + composition
+    python benchmarks/quality/recipes.py render                                               # the tables
+    python benchmarks/quality/recipes.py study --ckpt CKPT [--lock /tmp/heavy.lock]           # every missing row, then the table
+    python benchmarks/quality/recipes.py study --ckpt CKPT --final RECIPE                     # then the out-of-sample task
 
 Every run appends one JSON row (a later row replaces an earlier one with the same key), so a study is
 a loop of short processes: serialize them with ``flock`` and resume by skipping rows already there.
@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, downstream  # noqa: E402
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+from benchmarks import common  # noqa: E402
+from benchmarks.quality import downstream  # noqa: E402
 
 RAW = common.DOCS / "results" / "finetune_recipes.jsonl"
 DOC = common.DOCS / "downstream.md"
@@ -145,7 +146,7 @@ def baseline(args) -> dict:
 def layers_baseline(args) -> dict:
     """The frozen encoder's linear probe on every layer's mean side by side (pooling=auto's other probe), on
     the task's test split: the probe a pooling=auto run that chose layers falls back on under the gate."""
-    from benchmarks import probe_features
+    from benchmarks.quality import probe_features
     from protein_performer.hub.load import load_model
     loaded = load_model(args.ckpt)
     task, classes, y, sets, _, used = probe_features.task_features(args.task, loaded, args.seed)

@@ -23,7 +23,7 @@ child process per (mode, position): the growth of the process's peak resident me
 while doing one token's work at position p, above what the process held after building
 the model; it includes allocator and page granularity (~0.1-1 MiB noise).
 
-    flock /tmp/heavy.lock nice python benchmarks/generation.py --rss
+    flock /tmp/heavy.lock nice python benchmarks/speed/generation.py --rss
 writes docs/generation.md (table) and docs/generation.png (plot).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 from protein_performer.generate import sample_next  # noqa: E402
 from protein_performer.model import PerformerLM  # noqa: E402
@@ -237,7 +237,7 @@ def write_report(args, rnn, naive, kv, rss, rnn_times, cmd) -> str:
              "exact softmax carries a KV cache. `tests/test_generate.py` holds the recurrent logits to the "
              "parallel causal forward for every kernel.", "",
              "## Time and memory per token against position", "",
-             "Produced by `benchmarks/generation.py`; regenerate with", "", "```", cmd, "```", "",
+             "Produced by `benchmarks/speed/generation.py`; regenerate with", "", "```", cmd, "```", "",
              f"Model: PerformerLM dim={args.dim}, depth={args.depth}, heads={args.heads}, "
              f"nb_features={args.nb_features}, {args.local_heads} local head(s) of exact attention within "
              f"{args.local_window} residues (the defaults of `conf/model/performer.yaml`; the KV-cache model has "

@@ -1,6 +1,6 @@
 """Embedding speed and peak memory against protein length on this machine's CPU.
 
-    nice python benchmarks/embed.py [--ckpt PATH] [--lengths 256 1024 4096 8192 16384]
+    nice python benchmarks/speed/embed.py [--ckpt PATH] [--lengths 256 1024 4096 8192 16384]
 
 Each (model, length) runs in a fresh process so that its peak RSS is its own: one
 protein of L residues, embedded through ``protein_performer.embed_sequences`` (mean of the last
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 
 DOC = common.DOCS / "embeddings.md"

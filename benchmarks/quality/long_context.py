@@ -1,6 +1,6 @@
 """Why a model loses on the longest proteins: the same checkpoint evaluated three ways.
 
-    python benchmarks/long_context.py --ckpt NAME=RUN/checkpoints/last.ckpt [--ckpt ...] [--doc docs/long_proteins.md]
+    python benchmarks/quality/long_context.py --ckpt NAME=RUN/checkpoints/last.ckpt [--ckpt ...] [--doc docs/long_proteins.md]
 
 On the held-out proteins longer than ``--min-length`` residues (and, for reference, those of
 half that length up to it), masked-LM perplexity (``evaluate``'s scoring, seed 0) of each
@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 from benchmarks import common  # noqa: E402
 
 HELDOUT = common.ROOT / "data" / "heldout" / "uniprotkb_mix_heldout_2k.fasta.gz"
-START, END = "<!-- benchmarks/long_context.py: start -->", "<!-- benchmarks/long_context.py: end -->"
+START, END = "<!-- benchmarks/quality/long_context.py: start -->", "<!-- benchmarks/quality/long_context.py: end -->"
 
 
 def set_rotary_base(net, base: float) -> None:
@@ -51,7 +51,7 @@ def perplexity(loaded, sequences, window: int | None) -> float:
     if window is None:
         return E.evaluate_model(loaded, sequences, progress=False, window=None)["perplexity"]
     whole = E._window_for
-    E._window_for = lambda net, kernel, w, s: (window, window // 2, "benchmarks/long_context.py")
+    E._window_for = lambda net, kernel, w, s: (window, window // 2, "benchmarks/quality/long_context.py")
     try:
         return E.evaluate_model(loaded, sequences, progress=False)["perplexity"]
     finally:

@@ -3,9 +3,9 @@
 baseline and its ensemble member): the last layer's mean (``embed``'s default, finetune's probe today),
 the mean of every layer side by side, and each with the 20 amino-acid frequencies beside it.
 
-    python benchmarks/probe_features.py --ckpt CKPT [--seeds 0 1] [--tasks signalp scop stability family]
+    python benchmarks/quality/probe_features.py --ckpt CKPT [--seeds 0 1] [--tasks signalp scop stability family]
 
-Per-protein tasks of benchmarks/downstream.py with recipes.py's proteins (scop cut to 2,000 training
+Per-protein tasks of benchmarks/quality/downstream.py with recipes.py's proteins (scop cut to 2,000 training
 proteins), at each seed's subsample; ``probe``'s pipeline (standardize, logistic regression with C by
 3-fold cross-validation, or ridge) fitted on the training proteins and scored on the test split. The
 table goes to docs/probe_features.md, the raw figures to docs/results/probe_features.json.
@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file: import from the repository root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from benchmarks import common, downstream  # noqa: E402
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+from benchmarks import common  # noqa: E402
+from benchmarks.quality import downstream  # noqa: E402
 
 DOC = common.DOCS / "probe_features.md"
 RAW = common.DOCS / "results" / "probe_features.json"
