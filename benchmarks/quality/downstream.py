@@ -60,7 +60,7 @@ OUT_OF_SAMPLE = ("family",)
 #: proteins used per task: train, valid, test (None: the whole split)
 SIZES = {"signalp": (2000, 300, None), "scop": (8000, 300, None), "stability": (4000, 500, None),
          "ss3": (800, 150, None), "family": (2000, None, None)}
-#: the studies' proteins per task (recipes.py, probe_features.py, pooling_cv.py, probe_solver.py): SIZES with scop cut
+#: the studies' proteins per task (recipes.py, probe_features.py, pooling_cv.py, speed/solver_timing.py): SIZES with scop cut
 STUDY_SIZES = {**SIZES, "scop": (2000, 300, None)}
 #: tasks fine-tuned for other than --epochs epochs (none since the recipe study of issue 45: every task runs at
 #: most 6 epochs and stops on its validation metric, docs/downstream.md; scop ran 5 before)

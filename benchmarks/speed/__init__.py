@@ -1,0 +1,1 @@
+"""Speed benchmarks: time and memory, each script writing the doc its README names (benchmarks/speed/README.md)."""
