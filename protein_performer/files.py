@@ -255,15 +255,3 @@ class WrittenFiles:
             remove_path(self.path_of(key))
         self.paths, self._keys, self.hashes = [], set(), {}
         self.journal.unlink(missing_ok=True)
-
-
-# --- outputs that would destroy inputs -------------------------------------------------
-def refuse_overlap(outputs: dict[str, str | Path], inputs: dict[str, str | Path]) -> None:
-    """One-line :class:`UserError` when an output (``{key: path}``) is an input, lies inside one,
-    or is a folder that holds one (the checks of :class:`~protein_performer.output_guard.OutputGuard`,
-    their one home)."""
-    from .output_guard import OutputGuard
-    guard = OutputGuard("", inputs)
-    for key, path in outputs.items():
-        if path is not None:
-            guard.overlap(key, path)

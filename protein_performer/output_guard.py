@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import UserError
+from .files import WrittenFiles, remove_dead_temporaries
 
 #: the journal of the files a command wrote into an output folder of its own (evaluate's
 #: output_dir, compare's): what it may replace again without ``overwrite=true``
@@ -84,7 +85,6 @@ class OutputGuard:
         self.folder = None if folder is None else Path(folder)
         self._journal = None
         if journal and self.folder is not None:
-            from .files import WrittenFiles
             self._journal = WrittenFiles(self.folder / JOURNAL) if (self.folder / JOURNAL).is_file() else None
         self._journal_wanted = journal and self.folder is not None
         self.warned: list[Path] = []
@@ -188,7 +188,6 @@ class OutputGuard:
         if not inside:
             return
         if self._journal is None:
-            from .files import WrittenFiles
             self.folder.mkdir(parents=True, exist_ok=True)
             self._journal = WrittenFiles(self.folder / JOURNAL)
         self._journal.record(*inside)
@@ -205,7 +204,6 @@ class OutputGuard:
         checked (and the folder's journal): those of dead processes, as finetune sweeps its output_dir
         (:func:`~protein_performer.files.remove_dead_temporaries`). Pids are this machine's: for commands
         that write from one process."""
-        from .files import remove_dead_temporaries
         for p in [*self.files, *([self.folder / JOURNAL] if self._journal_wanted else [])]:
             remove_dead_temporaries(p)
 
