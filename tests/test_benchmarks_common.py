@@ -53,14 +53,15 @@ def test_measure_keeps_warmup_apart():
 def test_every_benchmark_script_parses_its_arguments():
     """Each benchmarks/**/*.py and data/labeled/scripts/*.py answers --help (its argument parser, defaults
     included, is built without error): a benchmark is only run by hand, so nothing else would notice a broken one."""
-    import subprocess
     import sys
+
+    from forkserver import forks  # each script in a child process of its own, its imports of torch done
     scripts = sorted(p for p in [*common.ROOT.joinpath("benchmarks").rglob("*.py"), *common.ROOT.glob("data/labeled/scripts/*.py")]
                      if p.name not in ("__init__.py", "common.py"))
     assert len(scripts) >= 10
     for script in scripts:
-        r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
-                           cwd=common.ROOT)
+        r = forks().run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                        cwd=common.ROOT)
         assert r.returncode == 0 and "usage:" in r.stdout, (script.name, r.stderr[-500:])
 
 

@@ -22,6 +22,7 @@ from protein_performer.tokenizer import InvalidSequenceError, Tokenizer
 from protein_performer.training.run import check_checkpoint, train
 
 from conftest import ROOT
+from forkserver import forks
 
 SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"
 TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
@@ -224,8 +225,8 @@ def test_a_resume_keeps_the_checkpoints_model_settings(tmp_path, small_fasta):
 
 # --- the commands themselves --------------------------------------------------------------
 def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return forks().run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
+                       cwd=cwd, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def test_train_command_on_a_binary_file_exits_2_with_one_line_and_no_run_folder(tmp_path):

@@ -27,6 +27,7 @@ from protein_performer.formats.fasta import read_fasta
 from protein_performer.training.task import ProteinLM
 
 from conftest import ROOT, run_command, save_checkpoint
+from forkserver import forks
 
 FIX = Path(__file__).parent / "fixtures"
 FASTA = FIX / "pyswrd_uniprot_sprot15.fasta"
@@ -397,9 +398,9 @@ def test_csv_and_gzipped_dat_inputs(ckpt, tmp_path):
 
 def test_cli(ckpt, records, tmp_path):
     out = tmp_path / "cli.h5"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "embed.py"), f"ckpt={ckpt}", f"input={FASTA}",
-                        f"output={out}", "layers=[0,-1]", "pooling=[mean,max]", "progress=false"],
-                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled"})
+    r = forks().run([sys.executable, str(ROOT / "scripts" / "embed.py"), f"ckpt={ckpt}", f"input={FASTA}",
+                     f"output={out}", "layers=[0,-1]", "pooling=[mean,max]", "progress=false"],
+                    capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled"})
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["embedded"] == len(records)
@@ -457,11 +458,11 @@ def test_cli_errors_are_one_line_and_leave_nothing(ckpt, tmp_path, capsys):
 
 
 def test_cli_no_arguments_and_help():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "embed.py")], capture_output=True, text=True)
+    r = forks().run([sys.executable, str(ROOT / "scripts" / "embed.py")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: ckpt is required: python scripts/embed.py ckpt=CHECKPOINT input=FILE output=OUT.h5 "
         "(--help lists every key)"]
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "embed.py"), "--help"], capture_output=True, text=True)
+    r = forks().run([sys.executable, str(ROOT / "scripts" / "embed.py"), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("Embed proteins with a trained model")
     for key in ("ckpt", "input", "output", "pt_dir", "overwrite", "layers", "pooling", "max_tokens", "on_invalid"):
         assert f"\n  {key} " in r.stdout, key

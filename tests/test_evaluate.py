@@ -3,7 +3,6 @@ full-length scoring beyond the training crop, windows for exact attention, the C
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import STANDARD_AA, Tokenizer
 
 from conftest import ROOT, TINY_MODEL, save_checkpoint as save
+from forkserver import forks
 
 TOK = Tokenizer()
 AA = {a: TOK.aa_offset + i for i, a in enumerate(STANDARD_AA)}
@@ -213,8 +213,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
 
 def _cli(args, cwd):
     env = dict(os.environ, WANDB_MODE="disabled")
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=300)
+    return forks().run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], capture_output=True,
+                       text=True, cwd=cwd, env=env, timeout=300)
 
 
 def test_cli(tmp_path):

@@ -4,7 +4,6 @@ attention, the fidelity benchmark's floor recomputed by hand, seed-dependent pro
 the refusal to train trig."""
 import hashlib
 import math
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from protein_performer.attention.naive import (kernel_rows, kernel_scores, mean_
 from protein_performer.errors import UserError
 
 from conftest import ROOT
+from forkserver import forks
 
 
 def _iid(d, L, std, heads=2, seed=0):
@@ -121,8 +121,8 @@ def test_benchmark_quick_floor_is_the_mean_of_values(tmp_path):
     """benchmarks/quality/fidelity.py --quick writes its doc; its 'mean of values' cell is recomputed here from
     the same data (the benchmark's seed-0 draw) with the full quadratic reference."""
     out = tmp_path / "fidelity.md"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality" / "fidelity.py"), "--quick", "--out", str(out)],
-                   check=True, capture_output=True)
+    forks().run([sys.executable, str(ROOT / "benchmarks" / "quality" / "fidelity.py"), "--quick", "--out", str(out)],
+                check=True, capture_output=True)
     from benchmarks import common
     from benchmarks.quality import fidelity
     table = common.read_md_table(out, "head_dim 16, logit std 1")
@@ -161,8 +161,8 @@ def test_checkpoint_qkv_are_what_the_layers_attend_with(tmp_path):
             mine = block.attn._merge(softmax_attention(q, k, v).float())
         torch.testing.assert_close(mine, out, rtol=1e-5, atol=1e-5)
     doc = tmp_path / "fidelity.md"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality" / "fidelity.py"), "--quick", "--ckpt", ckpt,
-                    "--ckpt-proteins", "4", "--ckpt-len", "64", "--out", str(doc)], check=True, capture_output=True)
+    forks().run([sys.executable, str(ROOT / "benchmarks" / "quality" / "fidelity.py"), "--quick", "--ckpt", ckpt,
+                 "--ckpt-proteins", "4", "--ckpt-len", "64", "--out", str(doc)], check=True, capture_output=True)
     table = common.read_md_table(doc, next(line[4:] for line in doc.read_text().splitlines()
                                            if line.startswith("### ") and "(exact)" in line))
     assert [r["kernel"] for r in table][:2] == ["mean of values", "FAVOR+"] and "bidir. layer 1" in table[0]

@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 
@@ -24,6 +23,7 @@ from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
 from conftest import ROOT, TINY_MODEL, dead_pid, run_command, save_checkpoint
+from forkserver import forks
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 FAST = ["trainer.max_epochs=30", "trainer.max_steps=40", "head_lr=1e-2", "lr=3e-3", "dropout=0.0",
@@ -268,7 +268,7 @@ def test_flip_length_mismatch_and_the_script_entry_point(ckpt, tmp_path):
     labels.write_text("\n".join(text) + "\n")
     cmd = [sys.executable, str(ROOT / "scripts" / "finetune.py"), f"ckpt={ckpt[1]}", f"labels={labels}",
            f"sequences={seqs_file}", "task=residue", f"output_dir={tmp_path / 'out'}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    r = forks().run(cmd, capture_output=True, text=True, cwd=tmp_path)
     n = len(seqs["s2"])
     assert r.returncode == 2 and r.stderr == (f"error: {labels}:5: protein 's2': {n - 1} residue labels "
                                               f"for {n} residues\n"), r.stderr

@@ -10,7 +10,6 @@
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -25,6 +24,7 @@ from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import AMINO_ACIDS, Tokenizer
 
 from conftest import save_checkpoint as save
+from forkserver import forks
 
 KERNELS = ["softmax", "favor++", "relu", "trig", "elu", "exact"]
 TOK = Tokenizer()
@@ -330,17 +330,17 @@ def test_errors(clm_ckpt, tmp_path):
 def test_script_end_to_end(clm_ckpt, tmp_path):
     out = tmp_path / "s.fasta"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "scripts/generate.py", f"ckpt={clm_ckpt}", "num_samples=3", "max_length=20",
-                        "temperature=0.9", "top_k=10", "top_p=0.9", "prompt=MKT", "seed=5", f"output={out}",
-                        "device=cpu", f"hydra.run.dir={tmp_path}/h"],
-                       cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    p = forks().run([sys.executable, "scripts/generate.py", f"ckpt={clm_ckpt}", "num_samples=3", "max_length=20",
+                     "temperature=0.9", "top_k=10", "top_p=0.9", "prompt=MKT", "seed=5", f"output={out}",
+                     "device=cpu", f"hydra.run.dir={tmp_path}/h"],
+                    cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     recs = list(SeqIO.parse(str(out), "fasta"))
     assert len(recs) == 3 and all(str(r.seq).startswith("MKT") for r in recs)
     assert "top_k=10" in recs[0].description and (tmp_path / "s.json").exists()
-    p = subprocess.run([sys.executable, "scripts/generate.py", f"ckpt={tmp_path}/nope.ckpt", f"output={tmp_path / 't.fasta'}",
-                        f"hydra.run.dir={tmp_path}/h"], cwd=REPO, capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = forks().run([sys.executable, "scripts/generate.py", f"ckpt={tmp_path}/nope.ckpt", f"output={tmp_path / 't.fasta'}",
+                     f"hydra.run.dir={tmp_path}/h"], cwd=REPO, capture_output=True, text=True, env=env,
+                    timeout=120)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.fasta").exists()
 

@@ -3,7 +3,6 @@ ends measured or says why not, the figures are finite and positive, the markdown
 rows, and rows reach the files as they are measured (a run ended after its first row keeps it)."""
 import json
 import math
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from benchmarks import common
 from benchmarks.speed import gpu
 from conftest import ROOT
+from forkserver import forks
 
 SECTIONS = {"train", "embed", "startup", "compiled"}
 
@@ -86,9 +86,9 @@ def test_rows_reach_the_files_as_measured(tmp_path):
     """A run that ends right after its first row (as a kill would: no final write) has that row in both
     files, and the rows it never reached say so."""
     out = tmp_path / "b.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "speed" / "gpu.py"), "--device", "cpu", "--quick",
-                           "--sections", "3,2", "--out", str(out), "--stop-after-rows", "1"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = forks().run([sys.executable, str(ROOT / "benchmarks" / "speed" / "gpu.py"), "--device", "cpu", "--quick",
+                        "--sections", "3,2", "--out", str(out), "--stop-after-rows", "1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 3, proc.stderr[-3000:]
     rows = _rows(out.with_suffix(".json"))
     assert rows[0]["status"] == "ok" and rows[0]["build_to_first_step_s"] > 0

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from protein_performer.output_guard import JOURNAL, OutputGuard
 from protein_performer.training.task import ProteinLM
 
 from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
+from forkserver import forks
 
 PROTEINS = {"P1": "MKTAYIAKQRQISFVKSHFSRQ", "P2": "MQIFVKTLTGKTITLEVEPSDT", "P3": "MSDNGPQNQRNAPRITFGGPSD",
             "P4": "MKVLAAGIVGLLLAQPALA", "P5": "MSTNPKPQRKTKRNTNRRPQDVKFPGG"}
@@ -396,9 +396,9 @@ def test_a_failed_overwrite_run_leaves_the_old_runs_hydra_files(world, tmp_path)
         written.record(run / ".hydra" / name)
     written.record(run / "checkpoints" / "last.ckpt")
     before = checksums(run)
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *TRAIN_SMALL, f"hydra.run.dir={run}",
-                        "overwrite=true", f"data.path={tmp_path / 'missing.fasta'}"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = forks().run([sys.executable, str(ROOT / "scripts" / "train.py"), *TRAIN_SMALL, f"hydra.run.dir={run}",
+                     "overwrite=true", f"data.path={tmp_path / 'missing.fasta'}"],
+                    capture_output=True, text=True, cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "missing.fasta" in lines[0], r.stderr[-3000:]
     after = checksums(run)

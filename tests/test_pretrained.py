@@ -25,6 +25,7 @@ from protein_performer.training.task import ProteinLM, load_checkpoint
 from protein_performer.tokenizer import Tokenizer
 
 from conftest import ROOT
+from forkserver import forks
 
 TOK = Tokenizer()
 FREQS = [0.0] * 5 + [0.08, 0.01, 0.05, 0.07, 0.04, 0.07, 0.02, 0.06, 0.06, 0.1, 0.02, 0.04, 0.05, 0.04, 0.05,
@@ -384,10 +385,10 @@ def test_export_command_line(tmp_path):
     ckpt = make_checkpoint(tmp_path / "run", "exact", "clm")
     cmd = [sys.executable, str(ROOT / "scripts/export.py"), f"ckpt={ckpt}", f"output={tmp_path / 'out'}",
            f"hydra.run.dir={tmp_path / 'hydra'}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = forks().run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     assert is_pretrained_dir(tmp_path / "out") and str(tmp_path / "out") in r.stdout
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = forks().run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: output {tmp_path / 'out'}: exists and is not empty (overwrite=true replaces it)"]
 

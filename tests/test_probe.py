@@ -3,7 +3,6 @@ task detection, id / sequence matching, the three evaluation protocols."""
 import json
 import os
 import re
-import subprocess
 import sys
 
 import h5py
@@ -14,6 +13,7 @@ from protein_performer.formats.tabular import sequence_id
 from protein_performer.probe import composition_features, detect_task, load_embeddings, read_labels, run_probe
 
 from conftest import ROOT
+from forkserver import forks
 
 AA = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
 
@@ -132,10 +132,10 @@ def test_cli_writes_json(tmp_path):
     X, y, seqs = planted(n=120, seed=3)
     write_h5(tmp_path / "e.h5", [sequence_id(s) for s in seqs], X)
     write_labels(tmp_path / "l.csv", zip(y, seqs), ["label", "seq"])
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "probe.py"), f"embeddings={tmp_path / 'e.h5'}",
-                        f"labels={tmp_path / 'l.csv'}", f"output={tmp_path / 'r.json'}", "folds=3",
-                        "shuffle_control=false"],
-                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled"})
+    r = forks().run([sys.executable, str(ROOT / "scripts" / "probe.py"), f"embeddings={tmp_path / 'e.h5'}",
+                     f"labels={tmp_path / 'l.csv'}", f"output={tmp_path / 'r.json'}", "folds=3",
+                     "shuffle_control=false"],
+                    capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled"})
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["embedding"]["accuracy"] > 0.9 and "composition" in res

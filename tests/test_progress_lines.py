@@ -18,6 +18,7 @@ from protein_performer.training.progress import (ProgressLines, check_progress, 
                                                  progress_bar)
 
 from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
+from forkserver import forks
 
 TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
         "data.max_len=48", "data.batch_size=16", "data.max_tokens=null", "data.crop_schedule=null",
@@ -119,11 +120,9 @@ def test_train_into_a_file_prints_lines_never_a_carriage_return(tmp_path, small_
     4 and 6, then the final line."""
     log = tmp_path / "train.log"
     run = tmp_path / "run"
-    with open(log, "w") as fh:
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
-                               "trainer.max_steps=6", "progress_every=2", "progress_seconds=0",
-                               f"hydra.run.dir={run}"], stdout=fh, stderr=subprocess.STDOUT, cwd=tmp_path,
-                              timeout=240)
+    proc = forks().run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
+                        "trainer.max_steps=6", "progress_every=2", "progress_seconds=0",
+                        f"hydra.run.dir={run}"], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=240)
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "\r" not in text

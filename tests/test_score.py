@@ -6,7 +6,6 @@ import csv
 import json
 import math
 import random
-import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ from protein_performer.training.task import ProteinLM
 from protein_performer.tokenizer import Tokenizer
 
 from conftest import ROOT, TINY_MODEL, run_command, save_checkpoint
+from forkserver import forks
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 TOK = Tokenizer()
@@ -374,7 +374,7 @@ def test_wild_type_from_a_fasta_and_the_script_entry_point(mlm, tmp_path, capsys
     out = tmp_path / "scored.csv"
     cmd = [sys.executable, str(ROOT / "scripts" / "score.py"), f"ckpt={ckpt}", f"input={assay}",
            f"sequence_file={fasta}", f"output={out}", "device=cpu"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    r = forks().run(cmd, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert read_scores(out, "masked_marginal") == pytest.approx(
         [hand_masked_marginal(task.model, WT, m) for m in ("M1A", "K2R:Y5F")], abs=1e-6)

@@ -2,7 +2,6 @@
 import csv
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from protein_performer.training.task import load_checkpoint
 from protein_performer.training.run import train
 
 from conftest import ROOT, sample_fasta
+from forkserver import forks
 
 TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "model.attention.nb_features=16",
         "model.dropout=0.0", "data.max_len=64", "data.batch_size=16", "data.valid_fraction=0.1",
@@ -68,9 +68,9 @@ def test_tiny_run_learns_checkpoints_and_reloads(tmp_path, small_fasta, objectiv
 def test_command_line_run_with_wandb_offline(tmp_path, small_fasta):
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
-                          "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
-                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    out = forks().run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
+                       "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
+                       f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "validation: perplexity" in out.stdout and "amino-acid frequency baseline" in out.stdout
     recorded = OmegaConf.load(run_dir / "config.yaml")
@@ -80,11 +80,11 @@ def test_command_line_run_with_wandb_offline(tmp_path, small_fasta):
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb wrote an offline run"
 
     # resume from the checkpoint for a few more steps
-    out2 = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
-                           "trainer.max_steps=9", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
-                           "logger=none", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "data.buckets=auto",
-                           f"hydra.run.dir={tmp_path / 'resumed'}"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=300)
+    out2 = forks().run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
+                        "trainer.max_steps=9", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
+                        "logger=none", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "data.buckets=auto",
+                        f"hydra.run.dir={tmp_path / 'resumed'}"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
     assert out2.returncode == 0, out2.stderr[-3000:]
     ck = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ck["global_step"] == 9
@@ -95,8 +95,8 @@ def test_command_line_run_with_wandb_offline(tmp_path, small_fasta):
 
 
 def test_bad_config_key_and_missing_checkpoint_are_clear(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "model.no_such_key=1",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    out = forks().run([sys.executable, str(ROOT / "scripts" / "train.py"), "model.no_such_key=1",
+                       f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode != 0 and "no_such_key" in out.stderr
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
         load_checkpoint(str(tmp_path / "nope.ckpt"))
