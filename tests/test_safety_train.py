@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from protein_performer.errors import UserError
 from protein_performer.training.run import train
 
-from conftest import ROOT
+from conftest import ROOT, TINY_MODEL, save_checkpoint
 from forkserver import forks
 
 TINY = ["model.dim=16", "model.depth=1", "model.heads=2", "model.attention.nb_features=8", "model.dropout=0.0",
@@ -129,6 +129,19 @@ def test_an_interrupted_overwrite_is_named_not_guessed(tmp_path, fasta):
     with pytest.raises(UserError, match=r"\.replaced: holds the checkpoints and config.yaml an interrupted overwrite=true run"):
         train_in(tmp_path / "run", fasta, "overwrite=true")
     assert (aside / "last.ckpt").read_bytes() == b"the old run"
+
+
+def test_a_models_folder_is_refused_as_a_run_folder(tmp_path, fasta):
+    """train refuses an exported model's folder as its run folder (one line, exit 2, the export as it
+    was), as export refuses a run folder for its output."""
+    from protein_performer.hub.export import export
+    from protein_performer.training.task import ProteinLM
+    model = export(save_checkpoint(ProteinLM(model=TINY_MODEL), tmp_path / "m.ckpt"), tmp_path / "my_model")
+    before = snapshot(tmp_path)
+    out = run(*TINY, f"data.path={fasta}", "hydra.run.dir=my_model", cwd=tmp_path)
+    assert one_line_exit_2(out) == (f"error: hydra.run.dir={model}: is a model's folder (export or finetune wrote "
+                                    f"it), not a training run's; train into a new folder (hydra.run.dir=...)")
+    assert snapshot(tmp_path) == before
 
 
 def test_a_users_folder_keeps_every_file_through_a_failing_and_a_succeeding_run(tmp_path, fasta):

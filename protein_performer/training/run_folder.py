@@ -97,6 +97,15 @@ def check_folder_path(path: str | Path, key: str) -> None:
             return
 
 
+def check_not_a_model(run_dir: Path) -> None:
+    """A model's folder (an export or a finetune output) is not a run folder, as export refuses a run
+    folder for its output: a run would mix its files into what others open as a model."""
+    from ..hub.load import FINETUNE_CONFIG, is_pretrained_dir
+    if is_pretrained_dir(run_dir) or (run_dir / FINETUNE_CONFIG).is_file():
+        raise UserError(f"hydra.run.dir={run_dir}: is a model's folder (export or finetune wrote it), not a "
+                        f"training run's; train into a new folder (hydra.run.dir=...)")
+
+
 def run_inputs(cfg) -> dict:
     """The files a training run reads (for the output guard): ``{key: path or None}``."""
     data, distill = cfg.get("data") or {}, cfg.get("distill") or {}
@@ -205,6 +214,7 @@ def open_run_folder(run_dir: str | Path, job_name: str, ckpt_path: str | None, o
     :data:`PENDING_HYDRA` (``hydra.output_subdir``: the caller passes it on)."""
     run_dir = Path(run_dir).absolute()
     check_folder_path(run_dir, "hydra.run.dir")
+    check_not_a_model(run_dir)
     names = (*HYDRA_FILES, f"{job_name}.log", "config.yaml")
     check_run_folder(run_dir / "checkpoints", ckpt_path, overwrite)
     check_own_files(run_dir, names)
