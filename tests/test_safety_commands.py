@@ -20,6 +20,7 @@ import torch
 
 
 from conftest import ROOT, dead_pid, run_command
+from forkserver import forks
 
 PROTEINS = {"P1": "MKTAYIAKQRQISFVKSHFSRQ", "P2": "MQIFVKTLTGKTITLEVEPSDT", "P3": "MSDNGPQNQRNAPRITFGGPSD",
             "P4": "MKVLAAGIVGLLLAQPALA", "P5": "MSTNPKPQRKTKRNTNRRPQDVKFPGG"}
@@ -394,11 +395,12 @@ print("calls", calls[0])
 
 def killed_at(job: str, n: int, cwd: Path) -> subprocess.CompletedProcess:
     """Run ``job`` ("imports; call") in a child that, once the imports are done, SIGKILLs itself
-    before its n-th write-like call (0: never)."""
+    before its n-th write-like call (0: never); the child is forked with torch and the package
+    imported (tests/forkserver.py)."""
     imports, call = job.split("; ", 1)
-    return subprocess.run([sys.executable, "-c", KILLER.format(imports=imports, call=call), str(n)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return forks().run([sys.executable, "-c", KILLER.format(imports=imports, call=call), str(n)],
+                       capture_output=True, text=True, cwd=cwd, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def kill_points(job: str, cwd: Path, k: int, seed: int) -> list[int]:
