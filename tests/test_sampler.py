@@ -201,3 +201,21 @@ def test_concat_window_lengths_by_hand_with_an_empty_shard():
     from protein_performer.errors import UserError
     with pytest.raises(UserError, match=r"^data\.concat_len must be at least 2 tokens, got 1$"):
         ConcatWindows(fake, concat_len=1)  # the key a user sets, not the argument's name
+
+
+def test_a_budget_smaller_than_a_protein_is_said_once(caplog, monkeypatch):
+    """A protein longer than max_tokens is a batch of its own over the budget: one warning per run
+    (process and budget) naming the budget, the count and the longest, none when every protein fits."""
+    from protein_performer.data import budget
+    monkeypatch.setattr(budget, "_said", set())
+    caplog.set_level("WARNING", logger="protein_performer.data.budget")
+    assert not budget.warn_over_budget([10, 100, 64], 100) and not budget.warn_over_budget([10], None)
+    assert caplog.messages == []
+    assert budget.warn_over_budget([10, 300, 101, 50], 100)
+    assert budget.warn_over_budget([300], 100)  # the validation split's sampler, a later epoch: said already
+    assert budget.warn_over_budget([90], 80, key="max_tokens")
+    assert caplog.messages == [
+        "data.max_tokens=100 is smaller than 2 proteins (the longest: 300 tokens): each forms a batch of its own "
+        "that exceeds the budget (a protein is never split); raise data.max_tokens if memory allows",
+        "max_tokens=80 is smaller than 1 protein (the longest: 90 tokens): each forms a batch of its own that "
+        "exceeds the budget (a protein is never split); raise max_tokens if memory allows"]
