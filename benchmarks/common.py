@@ -263,7 +263,7 @@ def git_commit() -> str:
 
 
 def command_line(script: str | Path, args: Sequence[str] | None = None, prefix: str = "python") -> str:
-    """How a doc says it was made: ``PREFIX benchmarks/NAME.py ARGS`` (the command line's args by default)."""
+    """How a doc says it was made: ``PREFIX benchmarks/GROUP/NAME.py ARGS`` (the command line's args by default)."""
     path = Path(script).resolve()
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     return " ".join([prefix, str(shown), *map(shlex.quote, sys.argv[1:] if args is None else args)])
