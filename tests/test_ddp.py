@@ -4,11 +4,11 @@ disjoint data and end with identical weights. Run as a script by the test, the s
 import gzip
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from conftest import ROOT
+from forkserver import forks  # process 0 forked with its imports done; Lightning starts process 1
 
 
 
@@ -51,8 +51,8 @@ def test_two_ranks_see_different_data_and_end_identical(tmp_path):
             f.write(f">{r.id}\n{r.sequence}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, __file__, str(data), str(tmp_path / "cache"), str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    proc = forks().run([sys.executable, __file__, str(data), str(tmp_path / "cache"), str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert len(r0["seen"]) > 0 and len(r1["seen"]) > 0

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, save_checkpoint
+from forkserver import forks  # process 0 forked with its imports done; Lightning starts process 1
 
 AA = "ACDEFGHIKLMNPQRSTVWY"
 LOG = "EMBED_DDP_TEST_LOG"  # where each process records the proteins it embedded
@@ -86,8 +86,8 @@ def test_two_processes_resume_and_write_the_single_process_files(tmp_path, monke
     args = [f"ckpt={ckpt}", f"input={inp}", f"output={work / 'e.h5'}", f"pt_dir={work / 'pt'}", "layers=[0,-1]",
             "pooling=[mean,max]", "per_residue=true", "max_tokens=600", "sort_records=12", "progress=false",
             "device=cpu", "trainer.devices=2"]
-    proc = subprocess.run([sys.executable, __file__, "embed", *args], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=tmp_path)
+    proc = forks().run([sys.executable, __file__, "embed", *args], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1  # printed by process 0 alone
