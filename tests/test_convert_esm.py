@@ -2,7 +2,6 @@
 random small models built offline, converted with kernel=exact, must give their logits and hidden
 states (1e-5) at 10, 300 and 2,000 tokens (past ESM-2's 1,024 through rotary), and ESM's token ids."""
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,8 @@ import torch
 
 from protein_performer.convert_esm import convert
 from protein_performer.hub.load import load_pretrained
+
+from forkserver import forks
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,8 +139,8 @@ def test_bad_inputs_are_one_line(tmp_path):
             "    try:\n        main(['convert-esm', 'input=' + a, 'output=' + a + '.out'])\n"
             "    except SystemExit as e:\n        print('rc', e.code, flush=True)\n")
     inputs = [tmp_path / n for n in ("missing", "bert", "junk.pt", "other.pt")]
-    r = subprocess.run([sys.executable, "-c", code, *map(str, inputs)], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
+    r = forks().run([sys.executable, "-c", code, *map(str, inputs)], capture_output=True, text=True, cwd=ROOT,
+                    timeout=120)
     assert r.stdout.split("\n")[:4] == ["rc 2"] * 4, r.stdout + r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 4 and len(r.stderr.strip().splitlines()) == 4, r.stderr
