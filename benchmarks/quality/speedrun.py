@@ -49,6 +49,7 @@ RECIPES = {
     "muon": ["optim.optimizer=muon"],
     "wsd": ["optim.schedule=wsd"],
     "bf16": ["trainer.precision=bf16-mixed"],
+    "dropout0+muon": ["model.dropout=0", "optim.optimizer=muon"],
 }
 VALIDATION = re.compile(r"validation: perplexity ([\d.]+) .*accuracy ([\d.]+)%")
 
