@@ -310,6 +310,31 @@ def test_a_bad_trainer_setting_is_one_line_before_anything_is_written(ckpt, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
 
 
+@pytest.mark.parametrize("setting, message", [
+    (["freeze=some"], "error: freeze='some': all, none, or a number of layers from 0 to the model depth\n"),
+    (["freeze=3"], "error: freeze=3: all, none, or a number of layers from 0 to 2\n"),  # the tiny model's depth
+    (["lora=true", "lora_rank=0"], "error: lora_rank=0, lora_alpha=16: a positive integer rank and a positive "
+                                   "alpha\n"),
+    (["+trainer.max_stpes=3"], "error: trainer: TypeError: Trainer.__init__() got an unexpected keyword argument "
+                               "'max_stpes'\n")])
+def test_every_setting_is_checked_before_the_probes_run(setting, message, ckpt, tmp_path, capsys, monkeypatch):
+    """freeze=, LoRA's and the Trainer's settings are refused before any work: the probes (13 s on a
+    real task) never start."""
+    if "lora=true" in setting:
+        pytest.importorskip("peft", reason="LoRA needs peft (pip install '.[lora]')")
+
+    def work(*a, **k):
+        raise AssertionError("the probes ran before the settings were checked")
+    monkeypatch.setattr(FT.run, "choose_pooling", work)
+    monkeypatch.setattr(FT.run, "probe_head_init", work)
+    labels = write_csv(tmp_path / "labels.csv", [[f"p{k}", "MKVL" * (k + 1), "ab"[k % 2]] for k in range(12)],
+                       header=("id", "sequence", "label"))
+    code, _, err = run_finetune(capsys, f"ckpt={ckpt[1]}", f"labels={labels}", "task=classification",
+                                f"output_dir={tmp_path / 'out'}", *setting)
+    assert code == 2 and err == message, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.csv"]
+
+
 def test_linear_schedule_warms_up_then_falls_to_zero_at_the_last_step():
     """schedule=linear: each group's rate is its base rate times (s + 1) / ramp over the first ramp
     steps, then (total - s) / (total - ramp): written out here for 10 steps with 20 % warmup."""

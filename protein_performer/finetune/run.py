@@ -16,7 +16,7 @@ import torch
 from ..errors import UserError, first_line
 from ..files import exclusive_lock
 from ..hub.load import load_model
-from ..model.heads import TASK_HEADS, FineTuneNet
+from ..model.heads import TASK_HEADS, FineTuneNet, check_freeze, check_lora
 from ..output_guard import OutputGuard
 from ..probe import check_classes, check_test_overlap
 from ..tokenizer import Tokenizer
@@ -98,27 +98,26 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     select_by, choices = _check_settings(
         task, valid_fraction, test_fraction, progress_every, progress_seconds, max_tokens, head_init, select_by,
         schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate, probe_baseline, min_confidence, ensemble,
-        epoch_confidence, pooling, pooling_confidence, refit_probe, pooling_by, pooling_choices)
-    tok = Tokenizer(unknown=unknown)
-    ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
-    classes, scale = _classes_and_scale(ex, split, task, labels)
-    _check_output(out, overwrite)
-    adapters = (lora_rank, float(lora_alpha), float(lora_dropout)) if lora else None
-    net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, seed, choices[-1])
-    tok = replace(net.tokenizer, unknown=unknown)
-    part = {s: np.flatnonzero(split == s) for s in SPLITS}
-    data = _encode(ex, part, task, classes, tok)
-    net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by, pooling_confidence,
-                                                   dropout, window, seed, pooling_by == "cv", choices)
-    _adapt(net, freeze, gradient_checkpointing, adapters)
+        epoch_confidence, pooling, pooling_confidence, refit_probe, pooling_by, pooling_choices, lora_rank, lora_alpha)
     settings, seconds = _trainer_settings(trainer, schedule, patience, progress_every, progress_seconds,
                                           "loss" if stop_on == "loss" else select_by, select_by)
-    module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
     with tempfile.TemporaryDirectory() as root:  # whatever Lightning writes goes there, not into the cwd
-        try:
-            fit = pl.Trainer(default_root_dir=root, **settings)
-        except (TypeError, ValueError) as e:  # an unknown or bad trainer.* setting (MisconfigurationException too)
-            raise UserError(f"trainer: {first_line(e)}") from e
+        fit = _trainer(root, settings)
+        tok = Tokenizer(unknown=unknown)
+        ex, split = _examples(labels, task, sequences, test_labels, tok, valid_fraction, test_fraction, seed)
+        classes, scale = _classes_and_scale(ex, split, task, labels)
+        _check_output(out, overwrite)
+        adapters = (lora_rank, float(lora_alpha), float(lora_dropout)) if lora else None
+        net, window = _build_net(ckpt, labels, ex, task, classes, pooling, dropout, window, seed, choices[-1])
+        check_freeze(freeze, net.encoder.depth)  # the model's depth known: before the probes
+        tok = replace(net.tokenizer, unknown=unknown)
+        part = {s: np.flatnonzero(split == s) for s in SPLITS}
+        data = _encode(ex, part, task, classes, tok)
+        net, pooling, choice, features = _auto_pooling(net, data, pooling, max_tokens, scale, select_by,
+                                                       pooling_confidence, dropout, window, seed, pooling_by == "cv",
+                                                       choices)
+        _adapt(net, freeze, gradient_checkpointing, adapters)
+        module = FineTuner(net, lr, head_lr, weight_decay, scale, schedule, warmup, seconds, select_by, layer_decay)
         with exclusive_lock(out.with_name(f".{out.name}.finetune.lock"), what=f"output_dir {out}", remove=True):
             _check_output(out, overwrite, sweep=True)  # again: another run may have written it since
             probe, seconds, gate = _train(fit, module, data, tok.pad_id, max_tokens, seed, scale, probe_baseline
@@ -147,6 +146,14 @@ def finetune(ckpt, labels, task: str, output_dir, *, sequences=None, test_labels
     return result
 
 
+def _trainer(root: str, settings: dict) -> pl.Trainer:
+    """The Trainer, built before any work: a bad trainer.* setting is one line before the probes run."""
+    try:
+        return pl.Trainer(default_root_dir=root, **settings)
+    except (TypeError, ValueError) as e:  # an unknown or bad trainer.* setting (MisconfigurationException too)
+        raise UserError(f"trainer: {first_line(e)}") from e
+
+
 def _refit_probe(net: FineTuneNet, data: dict[str, Encoded], max_tokens: int, scale, seed: int) -> dict | None:
     """The kept probe (``net``: the kept network, or a kept mix's frozen probe member) fitted again on the
     training proteins and the validation proteins finetune held out of them, together (its C again by
@@ -173,9 +180,10 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
                     head_init, select_by, schedule, warmup, lora, freeze, layer_decay, stop_on, interpolate,
                     probe_baseline, min_confidence, ensemble=1.0, epoch_confidence=1.0, pooling="mean",
                     pooling_confidence=1.0, refit_probe=True, pooling_by="valid",
-                    pooling_choices=CHOICES) -> tuple[str, tuple[str, ...]]:
-    """Each setting checked before any file is read (one line naming the key); returns ``select_by``
-    with auto resolved to the task's metric, and pooling=auto's candidates as a tuple."""
+                    pooling_choices=CHOICES, lora_rank=8, lora_alpha=16.0) -> tuple[str, tuple[str, ...]]:
+    """Each setting checked before any file is read (one line naming the key; ``freeze``'s bound, the
+    model's depth, once the model is read); returns ``select_by`` with auto resolved to the task's metric,
+    and pooling=auto's candidates as a tuple."""
     for key, v in (("valid_fraction", valid_fraction), ("test_fraction", test_fraction)):
         if not 0 <= v < 1:
             raise UserError(f"{key}={v}: a fraction in [0, 1)")
@@ -198,9 +206,12 @@ def _check_settings(task: str, valid_fraction, test_fraction, progress_every, pr
         raise UserError(f"schedule={schedule!r}: choose constant or linear (warmup, then down to 0 at the last epoch)")
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
         raise UserError(f"warmup={warmup}: a fraction of the steps in [0, 1)")
+    check_freeze(freeze)
     if lora and str(freeze).lower() != "none":
         raise UserError(f"lora=true with freeze={freeze}: LoRA freezes the encoder's own weights and adapts every "
                         f"block; leave freeze=none")
+    if lora:
+        check_lora(lora_rank, lora_alpha)
     if isinstance(layer_decay, bool) or not isinstance(layer_decay, (int, float)) or not 0 < layer_decay <= 1:
         raise UserError(f"layer_decay={layer_decay}: a factor in (0, 1] (1: every block at lr)")
     if stop_on not in ("loss", "metric"):

@@ -153,6 +153,26 @@ class AttentionPoolingHead(nn.Module):
 LORA_TARGETS = ("to_qkv", "to_out", "fc1", "fc2")
 
 
+def check_freeze(how, depth: int | None = None) -> None:
+    """``freeze``: all, none, or a number of layers from 0 to ``depth`` (None: not known yet, any
+    number from 0); one line otherwise, so that finetune refuses it before any work."""
+    if str(how).lower() in ("all", "none") or (isinstance(how, int) and not isinstance(how, bool) and 0 <= how
+                                                and (depth is None or how <= depth)):
+        return
+    raise UserError(f"freeze={how!r}: all, none, or a number of layers from 0 to "
+                    f"{depth if depth is not None else 'the model depth'}")
+
+
+def check_lora(rank, alpha) -> None:
+    """LoRA's settings and peft, in one line each, so that finetune refuses them before any work."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise UserError("lora=true needs peft: pip install 'protein-performer[lora]'") from None
+    if not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1) or not alpha > 0:
+        raise UserError(f"lora_rank={rank!r}, lora_alpha={alpha!r}: a positive integer rank and a positive alpha")
+
+
 def mix_outputs(tuned: torch.Tensor, probe: torch.Tensor, share: float, task: str) -> torch.Tensor:
     """An output-space ensemble (WiSE-FT's output mix, Wortsman et al. 2022): ``share`` of the fine-tuned
     network's and the rest of the probe's. Classes: the log of the mixed probabilities (logits whose
@@ -227,14 +247,13 @@ class FineTuneNet(nn.Module):
         """``all``, ``none`` or N (the embedding and the first N blocks): frozen parts get no
         gradient and stay in eval mode (no dropout), so their weights stay bit-identical."""
         enc = self.encoder
+        check_freeze(how, enc.depth)
         if str(how).lower() == "all":
             parts = [enc]
         elif str(how).lower() == "none":
             parts = []
-        elif isinstance(how, int) and not isinstance(how, bool) and 0 <= how <= enc.depth:
-            parts = [enc.embed, enc.pos_embed, *enc.blocks[:how]] if how else []
         else:
-            raise UserError(f"freeze={how!r}: all, none, or a number of layers from 0 to {enc.depth}")
+            parts = [enc.embed, enc.pos_embed, *enc.blocks[:how]] if how else []
         self.frozen = [m for m in parts if m is not None]
         for m in self.frozen:
             m.requires_grad_(False)
@@ -259,12 +278,8 @@ class FineTuneNet(nn.Module):
         """LoRA (peft) on every attention and feed-forward projection: ``W x + (alpha / rank) B A x``
         with B = 0 at the start (the network computes what it did); the encoder's own weights
         are frozen, the adapters and the head train."""
-        try:
-            from peft import LoraConfig, inject_adapter_in_model
-        except ImportError:
-            raise UserError("lora=true needs peft: pip install 'protein-performer[lora]'") from None
-        if not (isinstance(rank, int) and rank >= 1) or not alpha > 0:
-            raise UserError(f"lora_rank={rank!r}, lora_alpha={alpha!r}: a positive integer rank and a positive alpha")
+        check_lora(rank, alpha)
+        from peft import LoraConfig, inject_adapter_in_model
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS),
                             bias="none")
         inject_adapter_in_model(config, self.encoder)  # freezes everything in the encoder but the adapters
