@@ -21,16 +21,25 @@ import tempfile
 import time
 from pathlib import Path
 
-#: what the server imports before it forks (what the commands import anyway)
-PRELOAD = ("torch", "numpy", "h5py", "pytorch_lightning", "hydra", "omegaconf", "protein_performer.cli",
-           "protein_performer.commands", "protein_performer.training.task", "protein_performer.training.run",
+#: what the server imports before it forks: what takes the seconds (torch, torch._dynamo, torchmetrics,
+#: scipy: most of Lightning's import time) and has no state a run could see. Not Lightning itself:
+#: ``import pytorch_lightning`` adds its own log handler only where the root logger has none yet, so it
+#: prints "GPU available: ..." or not by when it is imported (before or after Hydra set up logging);
+#: a child imports it (0.1 s once the rest is here) at the point a new interpreter would.
+PRELOAD = ("torch", "numpy", "h5py", "hydra", "omegaconf", "torch._dynamo", "torch.distributed", "torchmetrics",
+           "scipy.signal", "scipy.stats", "protein_performer.cli", "protein_performer.commands",
            "protein_performer.hub.export", "protein_performer.embed")
+#: what the preload must not import (see PRELOAD)
+NOT_PRELOADED = ("pytorch_lightning", "lightning_fabric", "lightning", "wandb")
 
 SERVER = r'''
 import importlib, json, os, sys
 omp = os.environ.get("OMP_NUM_THREADS")
 for name in sys.argv[1].split(","):
     importlib.import_module(name)
+early = [m for m in sys.argv[2].split(",") if m in sys.modules]
+if early:
+    raise SystemExit(f"the fork server's preload imported {early}: their import depends on when it happens")
 channel_in, channel_out = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
 while True:
     line = channel_in.readline()
@@ -148,8 +157,9 @@ class ForkServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="forkserver-")
         self._log = open(Path(self._tmp.name) / "server.log", "w")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-        self._proc = subprocess.Popen([sys.executable, "-c", SERVER, ",".join(preload)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self._proc = subprocess.Popen([sys.executable, "-c", SERVER, ",".join(preload), ",".join(NOT_PRELOADED)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                      env=env)
         self._fd, self._buf = self._proc.stdout.fileno(), b""  # replies read unbuffered (select sees them)
         self._n, self._busy = 0, False
 
