@@ -1,11 +1,17 @@
 """Shared test helpers."""
 import importlib
+import os
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: N processes on N cores, one torch thread each
+    os.environ["OMP_NUM_THREADS"] = "1"     # (and in the child processes the tests start)
+    torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "swissprot_sample_20k.fasta.gz"

@@ -113,7 +113,7 @@ def test_first_code_block_is_the_two_install_commands():
     assert all("pip install" in c for c in commands)
     train, test = commands
     assert "scripts/train.py" in train and "pytest" not in train
-    assert test.rstrip().endswith("pytest -q") and "scripts/train.py" not in test
+    assert test.rstrip().endswith("pytest -q -n 2") and "scripts/train.py" not in test  # 2 processes (pytest-xdist)
     # CI runs the README's test command (.ci/run, quietly)
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
     assert [line.replace("pip install -q ", "pip install ") for line in ci] == [test]
