@@ -136,6 +136,24 @@ def seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def paired_times(steps: dict, reps: int) -> dict:
+    """Each of ``steps`` (key -> a call) timed in turn, round by round, ``reps`` rounds after a warm-up
+    round: key -> its seconds (what a shared, noisy machine does to one it does to its neighbours)."""
+    times = {key: [] for key in steps}
+    for rep in range(reps + 1):
+        for key, step in steps.items():
+            t = seconds(step)
+            if rep:
+                times[key].append(t)
+    return times
+
+
+def paired_ratio(times: dict, num, den) -> float:
+    """The median of the per-round ratios times[num] / times[den]."""
+    r = sorted(a / b for a, b in zip(times[num], times[den]))
+    return r[len(r) // 2]
+
+
 class TooSlow(Exception):
     """A call took longer than the limit; ``seconds`` holds every call's time so far."""
 

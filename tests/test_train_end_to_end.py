@@ -82,15 +82,16 @@ def test_command_line_run_with_wandb_offline(tmp_path, small_fasta):
     # resume from the checkpoint for a few more steps
     out2 = forks().run([sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, f"data.path={small_fasta}",
                         "trainer.max_steps=9", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
-                        "logger=none", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "data.buckets=auto",
+                        "logger=none", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", "data.buckets=[128,64]",
                         f"hydra.run.dir={tmp_path / 'resumed'}"], capture_output=True, text=True, cwd=tmp_path,
                        timeout=300)
     assert out2.returncode == 0, out2.stderr[-3000:]
     ck = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ck["global_step"] == 9
-    # buckets asked for in an eager run: the set in force recorded (not "auto") and logged with the padding
-    assert list(OmegaConf.load(tmp_path / "resumed" / "config.yaml").data.buckets) == [64]  # data.max_len=64
-    assert "length buckets (data.buckets): 64\n" in out2.stdout + out2.stderr
+    # buckets asked for in an eager run (auto: only when compiled): the set in force recorded, sorted, and
+    # logged with the padding
+    assert list(OmegaConf.load(tmp_path / "resumed" / "config.yaml").data.buckets) == [64, 128]
+    assert "length buckets (data.buckets): 64, 128\n" in out2.stdout + out2.stderr
     assert re.search(r"padding: [\d.]+ % of this epoch's batch tokens with buckets", out2.stdout + out2.stderr)
 
 

@@ -105,20 +105,11 @@ def measure(args) -> tuple[list[list[str]], list[list[str]]]:
         batch, length = (int(x) for x in shape.split("x"))
         steps = build_steps(mode == "causal", batch, length)
         first = {v: common.seconds(step) for v, step in steps.items()}  # the compiled one compiles here
-        times = {v: [] for v in steps}
-        for rep in range(args.reps + 1):  # the first round is a warm-up
-            for v, step in steps.items():
-                t = common.seconds(step)
-                if rep:
-                    times[v].append(t)
+        times = common.paired_times(steps, args.reps)
         med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
-
-        def ratio(v):
-            r = sorted(e / c for e, c in zip(times["eager"], times[v]))
-            return r[len(r) // 2]
         for v in VARIANTS:
             compile_s = first[v] - med["eager"] if v != "eager" else None
-            rows.append([mode, shape, v, f"{1e3 * med[v]:.0f}", f"{ratio(v):.2f}",
+            rows.append([mode, shape, v, f"{1e3 * med[v]:.0f}", f"{common.paired_ratio(times, 'eager', v):.2f}",
                          "" if compile_s is None else f"{compile_s:.0f}"])
             print("  " + " | ".join(rows[-1]), flush=True)
         for v in VARIANTS:

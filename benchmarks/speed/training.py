@@ -357,16 +357,10 @@ def paired_table(args) -> str:
                 F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens.reshape(-1)).backward()
                 opt.step()
             steps[kernel, r] = step
-        times = {key: [] for key in steps}
-        for rep in range(args.steps + 1):  # the first round is the warm-up
-            for key, step in steps.items():
-                t = common.seconds(step)
-                if rep:
-                    times[key].append(t)
+        times = common.paired_times(steps, args.steps)
 
         def ratio(num, den):
-            r = sorted(a / b for a, b in zip(times[num], times[den]))
-            return r[len(r) // 2]
+            return common.paired_ratio(times, num, den)
         med = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
         for r in args.paired_features:
             favor = ("softmax", r)
