@@ -478,8 +478,9 @@ def check_split(gathered: list, task: str, train_source, test_source, folds: int
                             f"stratified cross-validation needs that many (lower folds=, or label more proteins)")
         rare = [f"{str(v)!r} ({c})" for v, c in zip(vals, counts) if c < need]  # 'c', not np.str_('c')
         if rare:
-            log.warning("classes with fewer training proteins than the %d folds need: %s; their scores are "
-                        "unreliable", need, ", ".join(rare[:5]) + (", ..." if len(rare) > 5 else ""))
+            log.warning("classes with fewer than %d training proteins, the least the probe's %d-fold "
+                        "cross-validation needs: %s; their scores are unreliable", need, folds,
+                        ", ".join(rare[:5]) + (", ..." if len(rare) > 5 else ""))
     if len(gathered) < 2:
         return
     check_test_overlap(gathered[0][0].tolist(), gathered[1][0].tolist(), test_source)

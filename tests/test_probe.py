@@ -197,7 +197,8 @@ def test_a_rare_class_is_one_plain_warning_and_no_sklearn_repeats(caplog):
     X = np.random.default_rng(0).normal(size=(len(y), 4)) + (y == "b")[:, None]
     with caplog.at_level(logging.WARNING, logger="protein_performer"):
         check_split([(np.arange(len(y)), y)], "classification", "l.csv", "l.csv", folds=3)
-    assert "classes with fewer training proteins than the 4 folds need: 'c' (1)" in caplog.text
+    assert caplog.messages == ["classes with fewer than 4 training proteins, the least the probe's 3-fold "
+                               "cross-validation needs: 'c' (1); their scores are unreliable"]  # one fold count
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         result = fit_and_score("classification", X, y, folds=3, seed=0)

@@ -138,11 +138,15 @@ def test_init_from_with_the_checkpoints_own_architecture_is_no_conflict(ckpts):
 
 
 # --- finding 8: settings accepted and ignored ------------------------------------------------
-def test_continuous_labels_are_not_classes(tmp_path, ckpts, labeled):
+def test_continuous_labels_are_not_classes(tmp_path, ckpts, labeled, caplog):
+    """Refused before the split, whose line (validation proteins held out per class) would treat them
+    as classes just before the refusal."""
     from protein_performer.finetune import finetune
+    caplog.set_level("INFO", logger="protein_performer")
     with pytest.raises(UserError, match=r"distinct labels among 60 proteins \(numbers, not all whole.*"
                                         r"do not look like classes; for measurements use task=regression"):
         finetune(ckpts["mlm"], labeled["continuous"], "classification", tmp_path / "ft")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("protein_performer")] == []
     from protein_performer.probe import check_classes
     check_classes(["a", "b"] * 50 + [str(i) for i in range(15)], "x")  # 17 classes: fine
     with pytest.raises(UserError, match="do not look like classes"):

@@ -240,13 +240,13 @@ def _examples(labels, task: str, sequences, test_labels, tok: Tokenizer, valid_f
             ex.split = ["train"] * len(ex.split)
         ex = Examples(ex.ids + more.ids, ex.seqs + more.seqs, ex.labels + more.labels,
                       ex.split + ["test"] * len(more.ids))
+    if task == "classification":  # before the split, whose line would call them classes
+        check_classes(ex.labels, labels)
     split = assign_splits(ex, valid_fraction, test_fraction, seed, str(labels),
                           strata=ex.labels if task == "classification" else None)
     # probe's rule: test proteins (by sequence) that the model trains on are refused, or warned of with counts
     check_test_overlap([q for q, s in zip(ex.seqs, split) if s != "test"],
                        [q for q, s in zip(ex.seqs, split) if s == "test"], test_labels or labels)
-    if task == "classification":
-        check_classes(ex.labels, labels)
     return ex, split
 
 
