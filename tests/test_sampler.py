@@ -219,3 +219,18 @@ def test_a_budget_smaller_than_a_protein_is_said_once(caplog, monkeypatch):
         "that exceeds the budget (a protein is never split); raise data.max_tokens if memory allows",
         "max_tokens=80 is smaller than 1 protein (the longest: 90 tokens): each forms a batch of its own that "
         "exceeds the budget (a protein is never split); raise max_tokens if memory allows"]
+
+
+def test_the_samplers_say_a_protein_over_the_budget_once(caplog, monkeypatch):
+    """Where batches are cut (training's sampler, inference's batches), the over-budget notice is said,
+    once per process and budget, with the key of the command that set it."""
+    from protein_performer.data import budget
+    from protein_performer.data.sampler import TokenBudgetBatchSampler, token_budget_batches
+    monkeypatch.setattr(budget, "_said", set())
+    caplog.set_level("WARNING", logger="protein_performer.data.budget")
+    TokenBudgetBatchSampler(np.array([50, 200, 60]), 128, shuffle=True)
+    TokenBudgetBatchSampler(np.array([50, 200, 60]), 128, shuffle=True)  # the next epoch's loader: said already
+    assert token_budget_batches([150, 20], 128) == [[0], [1]]
+    TokenBudgetBatchSampler(np.array([50, 60]), 64, shuffle=True, buckets=[80])  # 60 fits, its bucket does not
+    assert [m.split(" is smaller")[0] for m in caplog.messages] == ["data.max_tokens=128", "max_tokens=128",
+                                                                    "data.max_tokens=64"]

@@ -31,6 +31,7 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from ..errors import UserError
+from .budget import warn_over_budget
 from .buckets import bucketed, padding_share
 
 #: padded tokens per batch (items x longest): the one default budget of every token-batched loop
@@ -46,7 +47,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
     def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, pool_size: int | None = None, drop_last: bool | None = None,
                  crop_schedule: Sequence[Sequence[int]] | None = None, step_fn: Callable[[], int] | None = None,
-                 buckets: Sequence[int] | None = None):
+                 buckets: Sequence[int] | None = None, budget_key: str = "data.max_tokens"):
         lengths = np.asarray(lengths, dtype=np.int64)
         if max_tokens < 1:
             raise UserError(f"max_tokens must be positive, got {max_tokens}")
@@ -64,6 +65,7 @@ class TokenBudgetBatchSampler(DistributedSampler):
         self.step_fn = step_fn  # () -> global step of the next batch; None: count the batches yielded
         self._yielded = 0
         self.buckets = list(buckets) if buckets else None  # batches cut on their bucket's length (buckets.py)
+        warn_over_budget(bucketed(self.buckets, lengths), self.max_tokens, budget_key)  # once per run
 
     # --- length curriculum -------------------------------------------------------------
     def crop_at(self, step: int) -> int:
@@ -225,6 +227,7 @@ def token_budget_batches(lengths: Sequence[int], token_budget: int, max_batch: i
     a protein longer than the budget forms a batch of its own; with ``buckets`` the longest is its
     bucket's length. (Inference: evaluation, embedding.)"""
     lengths = bucketed(buckets, np.asarray(lengths, dtype=np.int64)).tolist()
+    warn_over_budget(lengths, token_budget, "max_tokens")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches, cur, longest = [], [], 0
     for i in order:

@@ -43,6 +43,7 @@ def batches(data: Encoded, max_tokens: int, pad_id: int):
 
 def _loader(data: Encoded, pad_id: int, max_tokens: int, train: bool = False, seed: int = 0):
     lengths = [len(t) for t in data.tokens]
-    sampler = (TokenBudgetBatchSampler(np.array(lengths), max_tokens, shuffle=True, seed=seed) if train
+    sampler = (TokenBudgetBatchSampler(np.array(lengths), max_tokens, shuffle=True, seed=seed,
+                                       budget_key="max_tokens") if train
                else token_budget_batches(lengths, max_tokens))
     return torch.utils.data.DataLoader(data, batch_sampler=sampler, collate_fn=partial(collate, pad_id=pad_id))
