@@ -25,6 +25,16 @@ from typing import Iterator
 
 from .errors import UserError
 
+#: the files that make a folder a model's (hub/load.py opens them): an export's config.json, and what
+#: finetune writes beside its weights; kept here, below hub/ and training/, which both ask
+MODEL_CONFIG, FINETUNE_CONFIG = "config.json", "finetune.json"
+
+
+def is_model_folder(path) -> bool:
+    """True for a folder an export or finetune wrote (or began to write)."""
+    p = Path(path)
+    return p.is_dir() and ((p / MODEL_CONFIG).is_file() or (p / FINETUNE_CONFIG).is_file())
+
 
 # --- hashing ----------------------------------------------------------------------------
 def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:

@@ -16,6 +16,7 @@ import torch
 
 from ..device import resolve_device
 from ..errors import UserError, one_line
+from ..files import FINETUNE_CONFIG, MODEL_CONFIG
 from ..model import ModelConfig, PerformerEncoder, PerformerLM
 from ..model.config import migrate
 from ..model.heads import TERMINUS, FineTuneNet
@@ -23,7 +24,7 @@ from ..tokenizer import VERSION, VOCABULARIES, Tokenizer
 
 
 CONFIG, WEIGHTS, VOCAB, TOKENIZER_CONFIG, CARD = (
-    "config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "README.md")
+    MODEL_CONFIG, "model.safetensors", "vocab.txt", "tokenizer_config.json", "README.md")
 
 
 REMOTE_CODE = ("configuration_protein_performer.py", "modeling_protein_performer.py")
@@ -56,8 +57,8 @@ HEAD_ARCHITECTURES = {
 }
 
 
-#: what ``finetune`` writes beside its model.safetensors (encoder + head): task, classes, head, encoder config
-FINETUNE_CONFIG = "finetune.json"
+# FINETUNE_CONFIG (files.py): what ``finetune`` writes beside its model.safetensors (encoder + head): task,
+# classes, head, encoder config
 
 
 def is_pretrained_dir(path) -> bool:

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError, user_error
-from ..files import WrittenFiles, write_bytes
+from ..files import WrittenFiles, is_model_folder, write_bytes
 from ..output_guard import OutputGuard
 
 JOURNAL = ".protein-performer.json"
@@ -100,8 +100,7 @@ def check_folder_path(path: str | Path, key: str) -> None:
 def check_not_a_model(run_dir: Path) -> None:
     """A model's folder (an export or a finetune output) is not a run folder, as export refuses a run
     folder for its output: a run would mix its files into what others open as a model."""
-    from ..hub.load import FINETUNE_CONFIG, is_pretrained_dir
-    if is_pretrained_dir(run_dir) or (run_dir / FINETUNE_CONFIG).is_file():
+    if is_model_folder(run_dir):
         raise UserError(f"hydra.run.dir={run_dir}: is a model's folder (export or finetune wrote it), not a "
                         f"training run's; train into a new folder (hydra.run.dir=...)")
 
