@@ -4,7 +4,9 @@ give the same numbers as the checkout's commands (run in this process, through t
 point: a subprocess each would only add its start-up). The wheel goes into a fresh venv with
 --no-deps; the dependencies come from this environment through a .pth file."""
 import json
+import os
 import re
+import fcntl
 import subprocess
 import sys
 import sysconfig
@@ -33,13 +35,24 @@ def sh(cmd, cwd, **kw):
     return r.stdout
 
 
+def built_wheel(shared: Path) -> Path:
+    """The checkout's wheel, built once for the session: pytest-xdist's workers share ``shared`` and
+    take turns on a lock (two builds at once collide in the checkout's build/ folder)."""
+    with open(shared / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        dist = shared / "wheel-dist"
+        if not any(dist.glob("protein_performer-*.whl")):
+            sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", ROOT, "-w", dist],
+               cwd=shared)
+        return next(dist.glob("protein_performer-*.whl"))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(protein-performer executable, the venv's python, a working directory outside the checkout)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    sh([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", ROOT, "-w", tmp / "dist"],
-       cwd=tmp)
-    wheel = next((tmp / "dist").glob("protein_performer-*.whl"))
+    base = tmp_path_factory.getbasetemp()  # under xdist each worker's; their parent is this session's
+    wheel = built_wheel(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
     venv = tmp / "venv"
     sh([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp)
     py = venv / "bin" / "python"
