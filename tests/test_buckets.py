@@ -92,3 +92,13 @@ def test_buckets_change_no_variant_score(model64):
     assert bucket_of(default_buckets(len(wt)), len(wt)) > len(wt)  # padding really happened
     np.testing.assert_allclose(bucketed, plain, rtol=0, atol=1e-10)
     assert np.isfinite(plain).all() and plain.max() < 0
+
+
+def test_inference_batches_are_padded_to_their_bucket():
+    """What the equality tests above rest on: pad_batch really pads to the bucket (so they compare
+    padded against unpadded), marking every added position as padding."""
+    from protein_performer.data.collate import pad_batch
+    tokens, mask = pad_batch([np.arange(5, 10), np.arange(5, 8)], 0, [4, 8])
+    assert tokens.shape == (2, 8) and tokens[0, :5].tolist() == [5, 6, 7, 8, 9] and tokens[:, 5:].eq(0).all()
+    assert mask.tolist() == [[False] * 5 + [True] * 3, [False] * 3 + [True] * 5]
+    assert pad_batch([np.arange(5, 9)], 0, [4, 8])[1] is None  # a bucket's length exactly: nothing padded

@@ -7,7 +7,7 @@ sample with the same validation split for ``--minutes`` of wall-clock (``trainer
 limit: the learning rate decays along the clock, training/task.py), so recipes compare at equal time;
 the baseline is the default recipe under the same clock.  Each run appends one JSON line to
 docs/results/speedrun.jsonl (recipe, overrides, seed, minutes, commit, validation perplexity and
-accuracy, steps, scored tokens, wall seconds); ``render`` writes docs/speedrun.md from those lines:
+accuracy, steps, wall seconds); ``render`` writes docs/speedrun.md from those lines:
 per recipe and budget the mean and spread over seeds, and the difference from the baseline's mean.
 
     flock /tmp/heavy.lock python benchmarks/quality/speedrun.py run --recipe dropout0 --seeds 0,1,2 --minutes 3
@@ -68,17 +68,13 @@ def run_one(recipe: str, seed: int, minutes: float, extra: list[str]) -> dict:
         if proc.returncode:
             raise SystemExit(f"{recipe} seed {seed}: train.py exited {proc.returncode}:\n{proc.stderr[-3000:]}")
         m = VALIDATION.search(proc.stdout)
-        steps = tokens = 0
+        steps = 0
         for path in Path(tmp, "run").rglob("metrics.csv"):
             with open(path) as f:
-                for row in csv.DictReader(f):
-                    if row.get("train/tokens"):
-                        tokens += float(row["train/tokens"])
-                    if row.get("step"):
-                        steps = max(steps, int(row["step"]) + 1)
+                steps = max([steps] + [int(row["step"]) + 1 for row in csv.DictReader(f) if row.get("step")])
     return {"recipe": recipe, "overrides": overrides, "seed": seed, "minutes": minutes,
             "commit": common.git_commit(), "perplexity": float(m[1]), "accuracy": float(m[2]) / 100,
-            "steps": steps, "scored_tokens_logged": tokens, "wall_s": round(wall, 1)}
+            "steps": steps, "wall_s": round(wall, 1)}
 
 
 def summary(rows: list[dict]) -> tuple[float, float, float, float]:
