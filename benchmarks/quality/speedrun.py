@@ -42,25 +42,48 @@ RECIPES = {
     "warmup50": ["optim.warmup_steps=50"],
     "betas95": ["optim.betas=[0.9,0.95]"],
     "wd0.1": ["optim.weight_decay=0.1"],
-    "mask0.25": ["objective.mask_prob=0.25"],
+    "mask0.25": ["objective.train_mask_prob=0.25"],   # training batches only: validation stays at 15 %
+    "mask0.4": ["objective.train_mask_prob=0.4"],
     "wide192x3": ["model.dim=192", "model.depth=3", "model.heads=6"],
     "narrow96x6": ["model.dim=96", "model.depth=6", "model.heads=4"],
+    "depth3": ["model.depth=3"],
+    "small96x4": ["model.dim=96", "model.heads=3"],
+    "ff2": ["model.ff_mult=2"],
     "tokens16k": ["data.max_tokens=16384"],
+    "tokens4k": ["data.max_tokens=4096"],
+    "lr4e-3": ["optim.lr=4e-3"],
     "muon": ["optim.optimizer=muon"],
     "wsd": ["optim.schedule=wsd"],
     "bf16": ["trainer.precision=bf16-mixed"],
     "dropout0+muon": ["model.dropout=0", "optim.optimizer=muon"],
 }
+
+
+def overrides_of(recipe: str) -> list[str]:
+    """A recipe's overrides; ``a+b`` joins recipes a and b (later ones win on a shared key)."""
+    if recipe in RECIPES:
+        return list(RECIPES[recipe])
+    parts = recipe.split("+")
+    unknown = [p for p in parts if p not in RECIPES]
+    if unknown:
+        raise SystemExit(f"unknown recipe {unknown[0]!r}: one of {', '.join(sorted(RECIPES))}, or several joined by '+'")
+    return [o for p in parts for o in RECIPES[p]]
+
+
 VALIDATION = re.compile(r"validation: perplexity ([\d.]+) .*accuracy ([\d.]+)%")
 
 
-def run_one(recipe: str, seed: int, minutes: float, extra: list[str]) -> dict:
-    """One training run of ``recipe`` at ``seed`` for ``minutes``: its record."""
-    overrides = RECIPES[recipe] + list(extra)
+def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], steps: int | None = None) -> dict:
+    """One training run of ``recipe`` at ``seed`` for ``minutes`` of wall-clock, or (full mode) for ``steps``
+    optimizer steps as the README command trains, its wall-clock measured: its record."""
+    overrides = overrides_of(recipe) + list(extra)
     with tempfile.TemporaryDirectory(prefix="speedrun-") as tmp:
-        seconds = int(round(minutes * 60))
-        cmd = [sys.executable, str(common.ROOT / "scripts" / "train.py"), f"seed={seed}", "logger=csv",
-               "trainer.max_steps=-1", f"trainer.max_time=00:00:{seconds // 60:02d}:{seconds % 60:02d}",
+        if steps is None:
+            seconds = int(round(minutes * 60))
+            budget = ["trainer.max_steps=-1", f"trainer.max_time=00:00:{seconds // 60:02d}:{seconds % 60:02d}"]
+        else:
+            budget = [f"trainer.max_steps={steps}"]
+        cmd = [sys.executable, str(common.ROOT / "scripts" / "train.py"), f"seed={seed}", "logger=csv", *budget,
                "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp}/run", *overrides]
         start = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.ROOT)
@@ -68,13 +91,23 @@ def run_one(recipe: str, seed: int, minutes: float, extra: list[str]) -> dict:
         if proc.returncode:
             raise SystemExit(f"{recipe} seed {seed}: train.py exited {proc.returncode}:\n{proc.stderr[-3000:]}")
         m = VALIDATION.search(proc.stdout)
-        steps = 0
+        done = 0
         for path in Path(tmp, "run").rglob("metrics.csv"):
             with open(path) as f:
-                steps = max([steps] + [int(row["step"]) + 1 for row in csv.DictReader(f) if row.get("step")])
-    return {"recipe": recipe, "overrides": overrides, "seed": seed, "minutes": minutes,
-            "commit": common.git_commit(), "perplexity": float(m[1]), "accuracy": float(m[2]) / 100,
-            "steps": steps, "wall_s": round(wall, 1)}
+                done = max([done] + [int(row["step"]) + 1 for row in csv.DictReader(f) if row.get("step")])
+    rec = {"recipe": recipe, "overrides": overrides, "seed": seed, "minutes": minutes,
+           "commit": common.git_commit() + ("+dirty" if dirty() else ""), "perplexity": float(m[1]),
+           "accuracy": float(m[2]) / 100, "steps": done if steps is None else steps, "wall_s": round(wall, 1)}
+    if steps is not None:
+        rec["max_steps"] = steps
+    return rec
+
+
+def dirty() -> bool:
+    """Whether tracked files differ from HEAD (the record's commit alone would not say what ran)."""
+    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                          cwd=common.ROOT)
+    return bool(proc.stdout.strip())
 
 
 def summary(rows: list[dict]) -> tuple[float, float, float, float]:
@@ -93,8 +126,9 @@ def render(raw: Path = RAW) -> str:
              "(max - min) over the seeds, accuracy and steps as means, Δ = the recipe's mean minus the default's "
              "at the same budget (negative perplexity Δ is better). A change is kept only if it wins at 3 seeds.", ""]
     table = []
-    for minutes in sorted({r["minutes"] for r in rows}):
-        at = [r for r in rows if r["minutes"] == minutes]
+    timed = [r for r in rows if r.get("max_steps") is None]
+    for minutes in sorted({r["minutes"] for r in timed}):
+        at = [r for r in timed if r["minutes"] == minutes]
         base = [r for r in at if r["recipe"] == "default"]
         base_ppl = summary(base)[0] if base else None
         for recipe in dict.fromkeys(r["recipe"] for r in at):
@@ -106,6 +140,27 @@ def render(raw: Path = RAW) -> str:
                           ", ".join(sorted({r["commit"] for r in rr}))])
     lines += common.md_table(["minutes", "recipe", "overrides", "seeds", "val perplexity", "spread", "Δ vs default",
                               "accuracy %", "steps", "commit"], table)
+    full = [r for r in rows if r.get("max_steps") is not None]
+    if full:
+        lines += ["", "## Full runs: the README command's step budgets, wall-clock measured", "",
+                  "`run --steps N`: trained for N steps as `python scripts/train.py` does (no clock), one run after "
+                  "another on the same machine, interleaved by seed; wall = the whole command (start, training, "
+                  "validation, checkpoints), its ratio to the default's mean wall.", ""]
+        base = [r for r in full if r["recipe"] == "default"]
+        base_ppl = summary(base)[0] if base else None
+        base_wall = statistics.mean(r["wall_s"] for r in base) if base else None
+        body = []
+        for key in dict.fromkeys((r["recipe"], r["max_steps"]) for r in full):
+            rr = [r for r in full if (r["recipe"], r["max_steps"]) == key]
+            ppl, spread, acc, _ = summary(rr)
+            wall = statistics.mean(r["wall_s"] for r in rr)
+            body.append([key[0], " ".join(rr[0]["overrides"]) or "(default)", key[1], len(rr), f"{ppl:.3f}",
+                         f"{spread:.3f}", "" if base_ppl is None or key[0] == "default" else f"{ppl - base_ppl:+.3f}",
+                         f"{100 * acc:.2f}", f"{wall:.0f} ({min(r['wall_s'] for r in rr):.0f}-{max(r['wall_s'] for r in rr):.0f})",
+                         "" if base_wall is None else f"{wall / base_wall:.2f}",
+                         ", ".join(sorted({r["commit"] for r in rr}))])
+        lines += common.md_table(["recipe", "overrides", "steps", "seeds", "val perplexity", "spread", "Δ vs default",
+                                  "accuracy %", "wall s (range)", "× default's wall", "commit"], body)
     return "\n".join(lines) + "\n"
 
 
@@ -113,17 +168,20 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train a recipe at some seeds and append the records")
-    r.add_argument("--recipe", required=True, choices=sorted(RECIPES))
+    r.add_argument("--recipe", required=True, help=f"one of {', '.join(sorted(RECIPES))}, or several joined by '+'")
     r.add_argument("--seeds", default="0,1,2")
-    r.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget per run (3: screening, 10: full)")
+    r.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget per run (3: screening, 10: the README's)")
+    r.add_argument("--steps", type=int, default=None, help="full mode: train this many steps as the README command "
+                   "does (no clock; wall-clock measured) instead of --minutes")
     r.add_argument("--raw", type=Path, default=RAW)
     r.add_argument("extra", nargs="*", help="more train.py overrides")
     sub.add_parser("render", help="write docs/speedrun.md from the records")
     a = ap.parse_args(argv)
     if a.cmd == "run":
+        overrides_of(a.recipe)  # an unknown name stops here, before any run
         a.raw.parent.mkdir(parents=True, exist_ok=True)
         for seed in (int(s) for s in a.seeds.split(",")):
-            rec = run_one(a.recipe, seed, a.minutes, a.extra)
+            rec = run_one(a.recipe, seed, None if a.steps else a.minutes, a.extra, a.steps)
             print(json.dumps(rec), flush=True)
             with open(a.raw, "a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -140,59 +140,74 @@ class FusedFavorAttention(torch.autograd.Function):
 
 class WholeFavorAttention(torch.autograd.Function):
     """:class:`FusedFavorAttention` with the whole sequence as one block (a GPU: a fixed, small number of
-    ops, no loop and no CPU cache budget), with the same arguments.  The keys' features are
-    exp(u - M) with M the maximum of u over the whole (L, r) slab: the same numbers as the blockwise
-    path's exp(u - m_j) exp(m_j - M), in one exponential.  It keeps the query and key features (L x r
-    per head, as the plain path does) rather than recomputing them: on a GPU at protein lengths a step
-    is bound by kernel launches, not memory (docs/launches.md); the blockwise CPU path recomputes."""
+    ops, no loop and no CPU cache budget).  Queries and keys come stacked, x (2G, L, d): queries then
+    keys, as the layer's rotary makes them, so one product forms both sets of features and one forms
+    both of their input gradients (docs/launches.md: three GEMMs fewer per layer than two of each).
+    Other arguments as :class:`FusedFavorAttention`.
+
+    Both use u = x w^T + b - c |x|^2; for a query the c term is a per-query factor that cancels (as its
+    row maximum does), so it may be kept.  Query features exp(u - max_r u) (per row, unnormalized: the
+    output does not change with a query's scale), key features exp(u - M) with M the maximum over the
+    whole (L, r) slab: the same numbers as the blockwise path's exp(u - m_j) exp(m_j - M).  It keeps
+    the features (L x r per head, as the plain path does) rather than recomputing them: on a GPU at
+    protein lengths a step is bound by kernel launches, not memory; the blockwise CPU path recomputes."""
 
     @staticmethod
-    def forward(ctx, xq, xk, v, w, b, c, valid, eps):
-        wt = w.transpose(-1, -2)
-        wt = wt.expand(xq.shape[0], *wt.shape) if wt.dim() == 2 else wt      # (G, d, r): one batched product
+    def forward(ctx, x, v, w, b, c, valid, eps):
+        G = v.shape[0]
+        # (2G, d, r) and (2G, r, d): the one projection for queries and keys, as batched products take it
+        wt, we = (w.transpose(-1, -2).expand(2 * G, -1, -1), w.expand(2 * G, -1, -1)) if w.dim() == 2 else \
+            (w.transpose(-1, -2).repeat(2, 1, 1), w.repeat(2, 1, 1))
         v1 = F.pad(v, (0, 1), value=1.0)                                     # [v, 1]: the normalizer's column
         padded = None if valid is None else ~valid.unsqueeze(-1)            # (G, L, 1): negated once
         if padded is not None:  # a padded key counts nowhere, whatever its values
-            xk = xk.masked_fill(padded, 0.0)
+            x = x.masked_fill(F.pad(padded, (0, 0, 0, 0, G, 0)), 0.0)
             v1 = v1.masked_fill(padded, 0.0)
-        # keys: u = xk w^T + b - c |xk|^2 in one product with the norm term as its input
-        u = torch.baddbmm((xk * xk).sum(-1, keepdim=True), xk, wt, beta=-c) if c else torch.bmm(xk, wt)
+        u = torch.baddbmm((x * x).sum(-1, keepdim=True), x, wt, beta=-c) if c else torch.bmm(x, wt)
         if b is not None:
-            u = u.add_(b)
+            u = u.add_(b.repeat(2, 1, 1) if b.dim() == 3 else b)
+        uq, uk = u.split(G)
         if padded is not None:
-            u = u.masked_fill_(padded, torch.finfo(u.dtype).min)
-        f = u.sub_(u.amax((-2, -1), keepdim=True)).exp_()
+            uk.masked_fill_(padded, torch.finfo(u.dtype).min)
+        uq.sub_(uq.amax(-1, keepdim=True))
+        uk.sub_(uk.amax((-2, -1), keepdim=True))
+        feats = u.exp_()                                                      # [query features; key features]
+        qf, f = feats.split(G)
         SZ = torch.bmm(f.transpose(1, 2), v1)
-        qf = torch.softmax(torch.bmm(xq, wt) if b is None else torch.baddbmm(b, xq, wt), -1)
         nd = torch.bmm(qf, SZ)
         den = nd[..., -1:]
         den_c = den.clamp_min(eps)
         out = nd[..., :-1] / den_c
-        ctx.save_for_backward(xk, v1, w, SZ, qf, f, out, den_c, den_c > den, padded)
+        ctx.save_for_backward(x, v1, we, feats, out, den_c, den_c > den, padded)
         ctx.c = c
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        xk, v1, w, SZ, qf, f, out, den_c, clamped, padded = ctx.saved_tensors
-        c = ctx.c
-        with torch.autocast(xk.device.type, enabled=False):  # backward may run inside an autocast region
-            g = g.to(xk.dtype)
+        x, v1, we, feats, out, den_c, clamped, padded = ctx.saved_tensors
+        c, G = ctx.c, v1.shape[0]
+        with torch.autocast(x.device.type, enabled=False):  # backward may run inside an autocast region
+            g = g.to(x.dtype)
             g_den = (g * out).sum(-1, keepdim=True).neg_().masked_fill_(clamped, 0.0)
-            g1 = torch.cat([g, g_den], -1).div_(den_c)           # dL/d[num | den]
-            dSZ = torch.bmm(qf.transpose(1, 2), g1)
-            we = w.expand(xk.shape[0], *w.shape) if w.dim() == 2 else w      # (G, r, d)
-            # queries: the output does not change with a query's scale, so softmax's backward is x * q'
-            dxq = torch.bmm(torch.bmm(g1, SZ.transpose(1, 2)).mul_(qf), we)
-            du = torch.bmm(v1, dSZ.transpose(1, 2)).mul_(f)                  # keys: f = exp(u - M), M a constant
-            dxk = torch.bmm(du, we)
+            g1 = torch.cat([g, g_den], -1).div_(den_c)            # dL/d[num | den]
+            # [g1; [v, 1]; g1] (3G, L, e + 1), written once (a compiler fuses g1 into it); its first two thirds
+            # against [q'; k'] give [dSZ; SZ] in one product (SZ recomputed, a (r, e + 1) tile per row: no
+            # copy of it into a stack), its last two thirds against those the d[features] of keys
+            # ([v, 1] dSZ^T) and queries (g1 SZ^T), also in one product
+            A = torch.cat([g1, v1, g1])
+            dS_S = torch.bmm(feats.transpose(1, 2), A[:2 * G])
+            dfk_dfq = torch.bmm(A[G:], dS_S.transpose(1, 2))
+            # du: both are exp(u - a constant); for queries the output does not change with their scale
+            du = torch.cat([dfk_dfq[G:], dfk_dfq[:G]]).mul_(feats)
+            du_sum = du.sum(-1, keepdim=True) if c else None       # beside du's product (one pass for both)
+            dx = torch.bmm(du, we)
             if c:
-                dxk.addcmul_(du.sum(-1, keepdim=True), xk, value=-2 * c)
-            dv = torch.bmm(f, dSZ[..., :-1])
+                dx.addcmul_(du_sum, x, value=-2 * c)
+            dv = torch.bmm(feats[G:], dS_S[:G, :, :-1])
             if padded is not None:  # 0 for padded keys, even in a row of padding only
                 dv.masked_fill_(padded, 0.0)
-        return dxq, dxk, dv, None, None, None, None, None
+        return dx, dv, None, None, None, None, None
 
 
 class CausalFavorAttention(torch.autograd.Function):
@@ -256,28 +271,33 @@ class CausalFavorAttention(torch.autograd.Function):
         return dxq, dxk, dv, None, None, None, None, None, None
 
 
-def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def fused_favor_attention(exponent, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor,
                           key_padding_mask: torch.Tensor | None = None, eps: float | None = None,
                           causal: bool = False, chunk_size: int = DEFAULT_CHUNK_SIZE,
                           one_block: bool = False) -> torch.Tensor:
     """Attention of raw (rotated) q, k (B, H, L, d) and v (B, H, L, e) through the exponential
-    features whose exponent is ``exponent(dtype) -> (w, b, c)`` (FavorPlus.exponent);
+    features whose exponent is ``exponent(dtype) -> (w, b, c)`` (FavorPlus.exponent); k None: q holds
+    queries and keys stacked (2, B, H, L, d), as the layer's rotary makes them (no copy);
     key_padding_mask (B, L), True = padding; causal: chunks of ``chunk_size`` positions
     (:class:`CausalFavorAttention`); one_block: bidirectional in one block (no CPU cache budget).
     Returns (B, H, L, e) in v's dtype."""
-    B, H, L, d = q.shape
-    G = B * H
-    with torch.autocast(q.device.type, enabled=False):
-        dtype = compute_dtype(q.dtype, v.dtype)
+    qk = torch.stack([q, k]) if k is not None and one_block and not causal else q
+    B, H, L, d = qk.shape[-4:]
+    G, out_dtype = B * H, v.dtype
+    with torch.autocast(qk.device.type, enabled=False):
+        dtype = compute_dtype(qk.dtype, v.dtype)
         w, b, c = exponent(dtype)
         if w.dim() == 3:  # per head (H, r, d), bias (H, 1, r): one copy per row of the batch
             w = w.expand(B, *w.shape).reshape(G, *w.shape[1:])
             b = b.expand(B, *b.shape).reshape(G, *b.shape[1:])
         valid = None if key_padding_mask is None else (~key_padding_mask.bool())[:, None].expand(B, H, L).reshape(G, L)
-        args = (q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d), v.to(dtype).reshape(G, L, v.shape[-1]),
-                w, b, c, valid, torch.finfo(dtype).tiny if eps is None else eps)
-        if causal:
-            out = CausalFavorAttention.apply(*args, chunk_size)
+        rest = (w, b, c, valid, torch.finfo(dtype).tiny if eps is None else eps)
+        v = v.to(dtype).reshape(G, L, v.shape[-1])
+        if one_block and not causal:
+            out = WholeFavorAttention.apply(qk.to(dtype).reshape(2 * G, L, d), v, *rest)
         else:
-            out = WholeFavorAttention.apply(*args) if one_block else FusedFavorAttention.apply(*args)
-    return out.view(B, H, L, -1).to(v.dtype)
+            if k is None:
+                q, k = qk.unbind(0)
+            args = (q.to(dtype).reshape(G, L, d), k.to(dtype).reshape(G, L, d), v, *rest)
+            out = CausalFavorAttention.apply(*args, chunk_size) if causal else FusedFavorAttention.apply(*args)
+    return out.view(B, H, L, -1).to(out_dtype)

@@ -49,7 +49,9 @@ def projection_seed(seed: int, draw: int, run_seed: int = 0) -> int:
 def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                      key_padding_mask: torch.Tensor | None = None, chunk_size: int | None = None,
                      backend: str = "torch") -> torch.Tensor:
-    """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA).
+    """Attention of raw (rotated) q, k (B, H, L, d) and v through a feature map (None = exact SDPA); k None:
+    q holds queries and keys stacked (2, B, H, L, d), as :class:`Attention` rotates them (FAVOR+ in one
+    block takes them so, without a copy).
 
     ``backend`` is how it runs (fla_backend.resolve_backend chooses it per device), not what it computes:
 
@@ -61,14 +63,16 @@ def kernel_attention(feature_map, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
     Inside ``torch.compile`` "torch" runs as "parallel": a fixed set of ops for the compiler to fuse, where
     the torch path's Python loops over blocks and chunks would unroll into a graph that grows with L."""
-    if feature_map is None:
-        return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
     if torch.compiler.is_compiling() and backend == "torch":
         backend = "parallel"  # a graph takes the whole-sequence ops (the torch path's loops would unroll)
     whole = backend != "torch"
     if isinstance(feature_map, FavorPlus) and not (causal and whole):
         return fused_favor_attention(feature_map.exponent, q, k, v, key_padding_mask, feature_map.normalizer_eps,
                                      causal, chunk_size or DEFAULT_CHUNK_SIZE, one_block=whole)
+    if k is None:
+        q, k = q.unbind(0)
+    if feature_map is None:
+        return softmax_attention_sdpa(q, k, v, causal, key_padding_mask)
     H = q.shape[1]
     g = H if (whole or feature_map.per_head) else head_groups(q.shape[0], H, q.shape[2], feature_map.num_features)
     if g < H:  # head group by head group (linear.head_groups: why); split's backward is one cat
@@ -188,22 +192,24 @@ class Attention(nn.Module):
         return self._resolved[1]
 
     # -- parallel forward ------------------------------------------------------------------
-    def _qkv(self, x: torch.Tensor, offset: int = 0):
-        """(q, k, v), each (B, H, L, dh), q and k rotated together (one set of ops for both)."""
+    def _rotated(self, x: torch.Tensor, offset: int = 0):
+        """(qk (2, B, H, L, dh), v (B, H, L, dh)): queries and keys stacked and rotated together (one set of
+        ops for both, and FAVOR+ takes them so)."""
         B, L, _ = x.shape
-        qkv = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.rotary is None:
-            return qkv.unbind(0)
-        qk, v = qkv.split([2, 1])
-        q, k = self.rotary(qk, offset).unbind(0)
-        return q, k, v[0]
+        qk, v = self.to_qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).split([2, 1])
+        return (qk if self.rotary is None else self.rotary(qk, offset)), v[0]
 
-    def _split(self, q, k, v):
-        """((q, k, v) of the local heads, (q, k, v) of the kernel heads): one split each (a slice per head
-        set would cost a zero-filled gradient per slice in the backward)."""
+    def _qkv(self, x: torch.Tensor, offset: int = 0):
+        """(q, k, v), each (B, H, L, dh), q and k rotated."""
+        qk, v = self._rotated(x, offset)
+        return (*qk.unbind(0), v)
+
+    def _split(self, qk, v):
+        """((qk, v) of the local heads, (qk, v) of the kernel heads): one split each (a slice per head set
+        would cost a zero-filled gradient per slice in the backward)."""
         n = self.local_heads
-        parts = [t.split([n, self.heads - n], dim=1) for t in (q, k, v)]
-        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+        (qk_loc, qk_glob), (v_loc, v_glob) = qk.split([n, self.heads - n], dim=2), v.split([n, self.heads - n], dim=1)
+        return (qk_loc, v_loc), (qk_glob, v_glob)
 
     def _merge(self, out: torch.Tensor) -> torch.Tensor:
         B, H, L, dh = out.shape
@@ -214,28 +220,29 @@ class Attention(nn.Module):
         :class:`~.masks.AttentionMasks` (the encoder builds one for all layers) -> (B, L, dim)."""
         if not torch.compiler.is_compiling():
             self.count_forward()
-        q, k, v = self._qkv(x)
+        qk, v = self._rotated(x)
         masks = AttentionMasks.of(key_padding_mask, x.shape[1])
         key_padding_mask = masks.key_padding_mask
         if not self.local_heads:
-            return self._merge(self._global(q, k, v, key_padding_mask, x.device))
-        loc, glob = self._split(q, k, v)
+            return self._merge(self._global(qk, v, key_padding_mask, x.device))
+        (qk_loc, v_loc), glob = self._split(qk, v)
         out = self._global(*glob, key_padding_mask, x.device)
-        local = local_attention(*loc, self.local_window, self.causal, key_padding_mask,
-                                bias=masks.local_bias(self.local_window, self.causal, self.local_heads, loc[0].dtype,
+        local = local_attention(*qk_loc.unbind(0), v_loc, self.local_window, self.causal, key_padding_mask,
+                                bias=masks.local_bias(self.local_window, self.causal, self.local_heads, v_loc.dtype,
                                                       x.device))
         out = torch.cat([self.drop(local), out], dim=1)
         return self._merge(out)
 
-    def _global(self, q, k, v, key_padding_mask, device) -> torch.Tensor:
-        """The heads that see the whole sequence: exact SDPA or the kernel."""
+    def _global(self, qk, v, key_padding_mask, device) -> torch.Tensor:
+        """The heads that see the whole sequence (qk: queries and keys stacked): exact SDPA or the kernel."""
         if self.feature_map is None:
-            return softmax_attention_sdpa(q, k, v, self.causal, key_padding_mask, self.dropout if self.training else 0.0)
+            return softmax_attention_sdpa(*qk.unbind(0), v, self.causal, key_padding_mask,
+                                          self.dropout if self.training else 0.0)
         fm = self.feature_map
-        out = self.drop(kernel_attention(fm, q, k, v, self.causal, key_padding_mask, self.chunk_size,
+        out = self.drop(kernel_attention(fm, qk, None, v, self.causal, key_padding_mask, self.chunk_size,
                                          self._backend(device)))
         if self.training and isinstance(fm, FavorPlusPlus):
-            fm.update_rho(q.detach(), k.detach(), key_padding_mask)  # used from the next call on
+            fm.update_rho(qk[0].detach(), qk[1].detach(), key_padding_mask)  # used from the next call on
         return out
 
     # -- recurrent decoding ------------------------------------------------------------------
@@ -266,11 +273,12 @@ class Attention(nn.Module):
         pos, one = int(state["pos"]), x_t.dim() == 2
         x = x_t.unsqueeze(1) if one else x_t
         T = x.shape[1]
-        q, k, v = self._qkv(x, offset=pos)                      # (B, H, T, dh)
+        qk, v = self._rotated(x, offset=pos)                     # (2, B, H, T, dh), (B, H, T, dh)
         n, local = self.local_heads, None
         if n:
-            loc, (q, k, v) = self._split(q, k, v)
-            local, local_cache = local_decode(*loc, self.local_window, state["local"])
+            (qk_loc, v_loc), (qk, v) = self._split(qk, v)
+            local, local_cache = local_decode(*qk_loc.unbind(0), v_loc, self.local_window, state["local"])
+        q, k = qk.unbind(0)
         if self.feature_map is None:
             K = torch.cat([state["k"], k], dim=2)
             V = torch.cat([state["v"], v], dim=2)

@@ -65,13 +65,13 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: i
     n_off = 2 if causal else 3
     right = pad + (n_off - 2) * w                          # keys of block n: padded positions n w .. (n + n_off) w
 
-    def windows(x: torch.Tensor) -> torch.Tensor:          # (B, H, L, d) -> (B H, N, n_off w, d), overlapping views
-        return F.pad(x, (0, 0, w, right)).view(B * H, -1, d).unfold(1, n_off * w, w).transpose(-1, -2)
-
     if bias is None:
         bias = local_bias(local_band(L, window, causal, key_padding_mask, q.device), H, q.dtype)
     queries = (F.pad(q, (0, 0, 0, pad)) if pad else q).reshape(B * H, N, w, d)
-    out = F.scaled_dot_product_attention(queries, windows(k), windows(v), attn_mask=bias.to(q.dtype))
+    # keys and values together (one pad and one window view for both, one fold in the backward):
+    # (2, B, H, L, d) -> (2, B H, N, n_off w, d), overlapping views
+    kv = F.pad(torch.stack([k, v]), (0, 0, w, right)).view(2, B * H, -1, d).unfold(2, n_off * w, w).transpose(-1, -2)
+    out = F.scaled_dot_product_attention(queries, *kv.unbind(0), attn_mask=bias.to(q.dtype))
     return out.view(B, H, N * w, d)[:, :, :L] if pad else out.view(B, H, L, d)
 
 

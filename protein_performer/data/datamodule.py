@@ -56,13 +56,15 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
                  batch_size: int = 16, valid_fraction: float = 0.05, test_fraction: float = 0.0, num_workers: int = 0, seed: int = 0,
                  mask_prob: float = MASK_PROB, unknown: str = "error", on_invalid: str = "error",
                  max_records: int | None = None, max_tokens: int | None = None,
-                 crop_schedule: list | None = None, buckets=None):
+                 crop_schedule: list | None = None, buckets=None,
+                 train_mask_prob: float | None = None):
         super().__init__()
         self.path, self.format = Path(path), format
         self.objective, self.max_len, self.batch_size = objective, max_len, batch_size
         self.valid_fraction, self.test_fraction = valid_fraction, test_fraction
         self.num_workers, self.seed = num_workers, seed
         self.mask_prob, self.on_invalid, self.max_records = mask_prob, on_invalid, max_records
+        self.train_mask_prob = mask_prob if train_mask_prob is None else train_mask_prob  # validation keeps mask_prob
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"data.max_tokens must be positive or null, got {max_tokens}")
         schedule = check_crop_schedule(crop_schedule)
@@ -111,7 +113,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         if self.max_tokens is not None:
             return self._token_budget_loader(ds)
         return DataLoader(ds, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
-                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, buckets=self.buckets),
+                          collate_fn=Collator(self.tokenizer, self.objective, self.train_mask_prob, buckets=self.buckets),
                           generator=torch.Generator().manual_seed(self.seed), drop_last=True,
                           persistent_workers=self.num_workers > 0)
 
@@ -160,7 +162,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         if self.buckets:
             log_padding(sampler)
         return DataLoader(Batches(ds), sampler=sampler, batch_size=None, num_workers=self.num_workers,
-                          collate_fn=Collator(self.tokenizer, self.objective, self.mask_prob, buckets=self.buckets,
+                          collate_fn=Collator(self.tokenizer, self.objective, self.train_mask_prob, buckets=self.buckets,
                                               max_tokens=self.max_tokens),
                           persistent_workers=self.num_workers > 0)
 

@@ -86,7 +86,8 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
                  valid_fraction: float = 0.01, test_fraction: float = 0.01, unknown: str = "error",
                  on_invalid: str = "skip", dedup: bool = True, prepare_workers: int | None = None,
                  num_workers: int = 0, seed: int = 0, pool_size: int | None = None, progress: bool = True,
-                 download_retries: int = 5, download_backoff: float = 1.0, buckets=None):
+                 download_retries: int = 5, download_backoff: float = 1.0, buckets=None,
+                 train_mask_prob: float | None = None):
         super().__init__()
         if mode not in ("crop", "concat"):
             raise UserError(f"data.mode must be 'crop' or 'concat', got {mode!r}")
@@ -97,6 +98,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
         self.format, self.mode, self.max_len, self.concat_len = format, mode, max_len, concat_len
         self.max_tokens, self.objective, self.mask_prob = max_tokens, objective, mask_prob
+        self.train_mask_prob = mask_prob if train_mask_prob is None else train_mask_prob  # validation keeps mask_prob
         self.prep_kw = dict(valid_fraction=valid_fraction, test_fraction=test_fraction, unknown=unknown,
                             on_invalid=on_invalid, dedup=dedup, workers=prepare_workers, progress=progress)
         self.num_workers, self.seed, self.pool_size = num_workers, seed, pool_size
@@ -146,7 +148,8 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         world, rank = self._ranks()
         sampler = TokenBudgetBatchSampler(lengths, self.max_tokens, shuffle=train, seed=self.seed, num_replicas=world,
                                           rank=rank, pool_size=self.pool_size, buckets=self.buckets)
-        collate = Collator(self.tokenizer, self.objective, self.mask_prob, fixed_seed=None if train else self.seed,
+        collate = Collator(self.tokenizer, self.objective, self.train_mask_prob if train else self.mask_prob,
+                           fixed_seed=None if train else self.seed,
                            buckets=self.buckets, max_tokens=self.max_tokens)
         if train and self.buckets:
             log_padding(sampler)
