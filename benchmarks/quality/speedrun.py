@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,9 +74,11 @@ def overrides_of(recipe: str) -> list[str]:
 VALIDATION = re.compile(r"validation: perplexity ([\d.]+) .*accuracy ([\d.]+)%")
 
 
-def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], steps: int | None = None) -> dict:
+def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], steps: int | None = None,
+            keep: Path | None = None) -> dict:
     """One training run of ``recipe`` at ``seed`` for ``minutes`` of wall-clock, or (full mode) for ``steps``
-    optimizer steps as the README command trains, its wall-clock measured: its record."""
+    optimizer steps as the README command trains, its wall-clock measured: its record.  ``keep``: the run
+    folder is copied there (its checkpoints: for evaluation and probes of the model)."""
     overrides = overrides_of(recipe) + list(extra)
     with tempfile.TemporaryDirectory(prefix="speedrun-") as tmp:
         if steps is None:
@@ -95,6 +98,8 @@ def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], ste
         for path in Path(tmp, "run").rglob("metrics.csv"):
             with open(path) as f:
                 done = max([done] + [int(row["step"]) + 1 for row in csv.DictReader(f) if row.get("step")])
+        if keep is not None:
+            shutil.copytree(Path(tmp, "run"), keep / f"{recipe}-seed{seed}", dirs_exist_ok=True)
     rec = {"recipe": recipe, "overrides": overrides, "seed": seed, "minutes": minutes,
            "commit": common.git_commit() + ("+dirty" if dirty() else ""), "perplexity": float(m[1]),
            "accuracy": float(m[2]) / 100, "steps": done if steps is None else steps, "wall_s": round(wall, 1)}
@@ -174,6 +179,7 @@ def main(argv=None) -> None:
     r.add_argument("--steps", type=int, default=None, help="full mode: train this many steps as the README command "
                    "does (no clock; wall-clock measured) instead of --minutes")
     r.add_argument("--raw", type=Path, default=RAW)
+    r.add_argument("--keep", type=Path, default=None, help="copy each run folder to KEEP/RECIPE-seedN (checkpoints)")
     r.add_argument("extra", nargs="*", help="more train.py overrides")
     sub.add_parser("render", help="write docs/speedrun.md from the records")
     a = ap.parse_args(argv)
@@ -181,7 +187,7 @@ def main(argv=None) -> None:
         overrides_of(a.recipe)  # an unknown name stops here, before any run
         a.raw.parent.mkdir(parents=True, exist_ok=True)
         for seed in (int(s) for s in a.seeds.split(",")):
-            rec = run_one(a.recipe, seed, None if a.steps else a.minutes, a.extra, a.steps)
+            rec = run_one(a.recipe, seed, None if a.steps else a.minutes, a.extra, a.steps, a.keep)
             print(json.dumps(rec), flush=True)
             with open(a.raw, "a") as f:
                 f.write(json.dumps(rec) + "\n")
