@@ -80,6 +80,7 @@ def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], ste
     optimizer steps as the README command trains, its wall-clock measured: its record.  ``keep``: the run
     folder is copied there (its checkpoints: for evaluation and probes of the model)."""
     overrides = overrides_of(recipe) + list(extra)
+    commit = common.git_commit() + ("+dirty" if dirty() else "")  # what runs: the tree at the start
     with tempfile.TemporaryDirectory(prefix="speedrun-") as tmp:
         if steps is None:
             seconds = int(round(minutes * 60))
@@ -101,7 +102,7 @@ def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], ste
         if keep is not None:
             shutil.copytree(Path(tmp, "run"), keep / f"{recipe}-seed{seed}", dirs_exist_ok=True)
     rec = {"recipe": recipe, "overrides": overrides, "seed": seed, "minutes": minutes,
-           "commit": common.git_commit() + ("+dirty" if dirty() else ""), "perplexity": float(m[1]),
+           "commit": commit, "perplexity": float(m[1]),
            "accuracy": float(m[2]) / 100, "steps": done if steps is None else steps, "wall_s": round(wall, 1)}
     if steps is not None:
         rec["max_steps"] = steps
