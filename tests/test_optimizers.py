@@ -64,3 +64,23 @@ def test_muon_steps_the_matrices_and_adamw_the_rest_as_the_two_apart():
     again = build_optimizer("muon", matrices, vectors, 1e-3, (0.9, 0.98), 0.01)
     again.load_state_dict(opt.state_dict())
     assert again.muon.param_groups[0]["lr"] == 0.5 and len(again.adamw.state) == len(opt.adamw.state) > 0
+
+
+def test_muon_without_whole_matrices_falls_back_to_adamw(caplog):
+    """FSDP's flat shards leave no 2-D matrix: optim.optimizer=muon then trains everything with AdamW (a
+    warning says so) instead of failing on an empty parameter list; steps equal plain AdamW's."""
+    flat = [torch.nn.Parameter(torch.randn(12)), torch.nn.Parameter(torch.randn(5))]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in flat]
+    start = [p.detach().clone() for p in flat]
+    with caplog.at_level("WARNING"):
+        opt = build_optimizer("muon", [], flat, 1e-2, (0.9, 0.98), 0.01)
+    assert isinstance(opt, torch.optim.AdamW) and "AdamW trains them all" in caplog.text
+    plain = torch.optim.AdamW([{"params": ref, "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.98))
+    for _ in range(2):
+        for params, o in ((flat, opt), (ref, plain)):
+            sum(p.square().sum() for p in params).backward()
+            o.step()
+            o.zero_grad()
+    for a, b, s in zip(flat, ref, start):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert not torch.equal(a, s)  # it stepped

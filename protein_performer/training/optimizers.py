@@ -9,9 +9,13 @@ Muon (``torch.optim.Muon``) orthogonalises each matrix's momentum update by Newt
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..errors import UserError
+
+log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -56,6 +60,10 @@ def build_optimizer(kind: str, matrices: list, vectors: list, lr: float, betas, 
     if kind == "adamw":
         return torch.optim.AdamW([{"params": matrices, "weight_decay": weight_decay},
                                   {"params": vectors, "weight_decay": 0.0}], lr=lr, betas=tuple(betas))
+    if kind == "muon" and not matrices:  # e.g. FSDP's flat shards: no parameter is a whole matrix any more
+        log.warning("optim.optimizer=muon: no 2-D weight matrix among the parameters (sharded by FSDP?): "
+                    "AdamW trains them all")
+        return build_optimizer("adamw", matrices, vectors, lr, betas, weight_decay)
     if kind == "muon":
         return MuonWithAdamW(matrices, [{"params": vectors, "weight_decay": 0.0}], lr, tuple(betas), weight_decay)
     raise UserError(f"optim.optimizer={kind!r}: choose one of {', '.join(OPTIMIZERS)}")
