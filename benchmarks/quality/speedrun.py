@@ -110,9 +110,10 @@ def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], ste
 
 
 def dirty() -> bool:
-    """Whether tracked files differ from HEAD (the record's commit alone would not say what ran)."""
-    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                          cwd=common.ROOT)
+    """Whether the code or configs that train (protein_performer/, conf/, scripts/) differ from HEAD: the
+    record's commit alone would not say what ran."""
+    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "protein_performer", "conf",
+                           "scripts"], capture_output=True, text=True, cwd=common.ROOT)
     return bool(proc.stdout.strip())
 
 
