@@ -136,7 +136,7 @@ def test_config_json_holds_the_model_settings(exported):
     assert config["attention"] == {"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 1000,
                                    "orthogonal": True, "relu_projection": True, "run_seed": 0, "local_heads": 0,
                                    "local_window": 128}
-    assert config["config_version"] == 2 and config["rotary_base"] == 1e6
+    assert config["config_version"] == 3 and config["rotary_base"] == 1e6
     assert config["aa_frequencies"] == FREQS
     assert (out / "vocab.txt").read_text().split() == list(TOK.tokens)
     assert is_pretrained_dir(out) and not is_pretrained_dir(ckpt) and not is_pretrained_dir(out.parent)
