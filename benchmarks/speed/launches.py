@@ -191,7 +191,7 @@ def main(argv=None) -> None:
         return
     rows = measure(lengths, out=lambda r: print(r, flush=True))
     lines = ["# Aten ops per layer (a CPU proxy for GPU kernel launches)", "",
-             f"`{common.command_line('benchmarks/speed/launches.py', argv or [])}` at {common.git_commit()}: dim 64, "
+             f"`{common.command_line('benchmarks/speed/launches.py', argv)}` at {common.git_commit()}: dim 64, "
              "2 heads (head dim 32), batch 1; per layer = a depth-2 model minus a depth-1 model, forward + "
              "backward of the LM loss. backend `torch` is the CPU's path, `parallel` what CUDA runs where fla "
              f"does not. Exact attention counted up to L = {EXACT_MAX:,} (quadratic on a CPU; its count does "
@@ -210,7 +210,7 @@ COMPILED_LENGTHS = "1024,65536"
 def main_compiled(a, argv, lengths) -> None:
     rows = measure_compiled(lengths, out=lambda r: print(r, flush=True))
     lines = ["# Kernels per layer of the compiled model (what a GPU would launch)", "",
-             f"`{common.command_line('benchmarks/speed/launches.py', argv or [])}` at {common.git_commit()}: the model "
+             f"`{common.command_line('benchmarks/speed/launches.py', argv)}` at {common.git_commit()}: the model "
              "compiled as compile=true does (fullgraph, static shape; training/compiled.py), dim 64, 2 heads, batch 1, "
              "dropout 0; per layer = a depth-2 model minus a depth-1 model, forward + backward of the LM loss; "
              "counted in the code inductor generates on this CPU (C++ kernels; a GPU's Triton kernels are fused "
