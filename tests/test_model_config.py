@@ -104,13 +104,15 @@ def test_migrate_fills_what_version_1_left_out():
     from protein_performer.model.config import CONFIG_VERSION, migrate
     old = {"dim": 32, "attention": {"kernel": "softmax"}}                      # as written before the version key
     assert migrate(old) == {"dim": 32, "attention": {"kernel": "softmax", "local_heads": 0},
-                            "rotary_base": 10000.0, "config_version": CONFIG_VERSION}
+                            "rotary_base": 10000.0, "dropout": 0.1, "config_version": CONFIG_VERSION}
+    assert migrate({"dim": 32, "config_version": 2})["dropout"] == 0.1    # version 2's default: 0.1
+    assert migrate({"dim": 32, "dropout": 0.3, "config_version": 2})["dropout"] == 0.3
     kept = {"dim": 32, "rotary_base": 500.0, "attention": {"local_heads": 2}}  # what a file says stands
     assert migrate(kept)["rotary_base"] == 500.0 and migrate(kept)["attention"] == {"local_heads": 2}
     new = ModelConfig(dim=32, heads=2).to_dict()
     assert migrate(new) == new                                                  # the current version: as it is
-    with pytest.raises(UserError, match=r"^ckpt: config_version 3: written by another protein-performer"):
-        migrate({**new, "config_version": 3}, "ckpt")
+    with pytest.raises(UserError, match=r"^ckpt: config_version 4: written by another protein-performer"):
+        migrate({**new, "config_version": 4}, "ckpt")
 
 
 def _old_task():
@@ -131,6 +133,7 @@ def test_a_version_1_checkpoint_loads_as_it_was_trained(tmp_path):
     import torch
 
     from conftest import save_checkpoint
+    from protein_performer.model.config import CONFIG_VERSION
     from protein_performer.training.task import load_checkpoint
     task = _old_task()
     path = save_checkpoint(task, tmp_path / "old.ckpt")
@@ -144,7 +147,7 @@ def test_a_version_1_checkpoint_loads_as_it_was_trained(tmp_path):
     torch.testing.assert_close(loaded.model(tokens), task.model(tokens), rtol=0, atol=0)
     fresh = ProteinLM(model={"dim": 32, "depth": 2, "heads": 2})             # a new model: the new defaults
     assert fresh.model.config.rotary_base == 1e6 and fresh.model.config.attention.local_heads == 1
-    assert fresh.hparams.model["config_version"] == 2
+    assert fresh.model.config.dropout == 0.0 and fresh.hparams.model["config_version"] == CONFIG_VERSION
 
 
 def test_a_version_1_export_loads_as_it_was_trained(tmp_path):

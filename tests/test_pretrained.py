@@ -136,7 +136,7 @@ def test_config_json_holds_the_model_settings(exported):
     assert config["attention"] == {"kernel": "softmax", "nb_features": 16, "chunk_size": 8, "redraw_interval": 1000,
                                    "orthogonal": True, "relu_projection": True, "run_seed": 0, "local_heads": 0,
                                    "local_window": 128}
-    assert config["config_version"] == 2 and config["rotary_base"] == 1e6
+    assert config["config_version"] == 3 and config["rotary_base"] == 1e6
     assert config["aa_frequencies"] == FREQS
     assert (out / "vocab.txt").read_text().split() == list(TOK.tokens)
     assert is_pretrained_dir(out) and not is_pretrained_dir(ckpt) and not is_pretrained_dir(out.parent)
@@ -354,6 +354,10 @@ def test_model_card_reports_recorded_and_measured_figures_only(tmp_path):
     assert "steps: 600 optimizer steps" in card and "swissprot_sample_20k.fasta.gz" in card
     assert "8,192 padded tokens" in card and "CC BY 4.0" in card
     assert "Not evaluated" in card and "perplexity |" not in card
+    assert "optimizer: AdamW, peak learning rate 0.002, warm-up 100 steps" in card  # no optimizer key: AdamW (older runs)
+    (tmp_path / "run" / "config.yaml").write_text("optim:\n  lr: 0.002\n  warmup_steps: 100\n  optimizer: muon\n")
+    card = (export(ckpt, tmp_path / "muon") / "README.md").read_text()
+    assert "optimizer: Muon on the hidden weight matrices, AdamW on the rest, peak learning rate 0.002" in card
     assert "AutoModelForMaskedLM" in card and "trust_remote_code=True" in card
 
     metrics = {"perplexity": 14.7127, "accuracy": 0.18973, "loss": 2.6887, "num_tokens": 143686,

@@ -49,8 +49,11 @@ def test_train_mask_prob_masks_training_batches_only(fasta):
     assert 0.12 < scored_share(vb, tok) < 0.18
 
 
-def test_recipes_join_with_plus():
+def test_recipes_are_levers_on_the_old_default_joined_with_plus():
     assert speedrun.overrides_of("dropout0+muon") == ["model.dropout=0", "optim.optimizer=muon"]
+    assert speedrun.overrides_of("old-default") == ["model.dropout=0.1", "optim.optimizer=adamw"]
+    assert speedrun.overrides_of("lr3e-3+wsd") == ["model.dropout=0.1", "optim.optimizer=adamw", "optim.lr=3e-3",
+                                                   "optim.schedule=wsd"]
     assert speedrun.overrides_of("default") == []
     with pytest.raises(SystemExit, match="unknown recipe 'nope'"):
         speedrun.overrides_of("dropout0+nope")
@@ -58,17 +61,17 @@ def test_recipes_join_with_plus():
 
 def test_render_tables_from_known_rows(tmp_path):
     """Means, spreads, differences from the default and wall ratios, computed by hand for these rows."""
-    rows = [dict(recipe="default", overrides=[], seed=s, minutes=3.0, commit="a", perplexity=p, accuracy=0.19,
+    rows = [dict(recipe="old-default", overrides=[], seed=s, minutes=3.0, commit="a", perplexity=p, accuracy=0.19,
                  steps=200, wall_s=200.0) for s, p in enumerate([15.0, 14.8, 15.2])]
     rows += [dict(recipe="dropout0", overrides=["model.dropout=0"], seed=s, minutes=3.0, commit="b", perplexity=p,
                   accuracy=0.2, steps=300, wall_s=200.0) for s, p in enumerate([14.5, 14.7, 14.6])]
-    rows += [dict(recipe="default", overrides=[], seed=0, minutes=None, commit="c", perplexity=14.4, accuracy=0.195,
+    rows += [dict(recipe="old-default", overrides=[], seed=0, minutes=None, commit="c", perplexity=14.4, accuracy=0.195,
                   steps=600, max_steps=600, wall_s=600.0),
              dict(recipe="dropout0", overrides=["model.dropout=0"], seed=0, minutes=None, commit="c", perplexity=14.1,
                   accuracy=0.2, steps=700, max_steps=700, wall_s=540.0)]
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = speedrun.render(raw)
-    assert "| 3 | default | (default) | 3 | 15.000 | 0.400 | | 19.00 | 200 | a |" in text
+    assert "| 3 | old-default | (as configured) | 3 | 15.000 | 0.400 | | 19.00 | 200 | a |" in text
     assert "| 3 | dropout0 | model.dropout=0 | 3 | 14.600 | 0.200 | -0.400 | 20.00 | 300 | b |" in text
     assert "| dropout0 | model.dropout=0 | 700 | 1 | 14.100 | 0.000 | -0.300 | 20.00 | 540 (540-540) | 0.90 | c |" in text

@@ -128,7 +128,8 @@ def _run_settings(run: dict | None) -> list[str]:
         out.append(f"crops: at most {data['max_len']:,} tokens"
                    + (f", growing with the step ({data['crop_schedule']})" if data.get("crop_schedule") else ""))
     if optim.get("lr"):
-        out.append(f"optimizer: AdamW, peak learning rate {optim['lr']}, warm-up {optim.get('warmup_steps')} steps")
+        name = {"muon": "Muon on the hidden weight matrices, AdamW on the rest"}.get(optim.get("optimizer"), "AdamW")
+        out.append(f"optimizer: {name}, peak learning rate {optim['lr']}, warm-up {optim.get('warmup_steps')} steps")
     if trainer.get("precision"):
         out.append(f"precision: {trainer['precision']}")
     return out

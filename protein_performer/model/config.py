@@ -19,11 +19,12 @@ MAX_LOCAL_WINDOW = 16384
 
 #: the version of a saved model config (checkpoints' ``hyper_parameters["model"]``, exports' config.json,
 #: finetune.json's ``model``), written by :meth:`ModelConfig.to_dict`; :func:`migrate` reads older ones
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 #: the defaults that changed at each version: a saved config of an older version that leaves a key out
 #: meant that version's default.  Version 1 (no ``config_version`` key: every file before it) had RoFormer's
-#: rotary base and no local heads; version 2 takes conf/model/base.yaml's (issue 43: one truth for defaults)
-CHANGED_DEFAULTS = {2: {"rotary_base": 10000.0, "attention": {"local_heads": 0}}}
+#: rotary base and no local heads; version 2 takes conf/model/base.yaml's (issue 43: one truth for defaults);
+#: version 3 has no dropout by default (issue 64, docs/speedrun.md), where earlier versions had 0.1
+CHANGED_DEFAULTS = {2: {"rotary_base": 10000.0, "attention": {"local_heads": 0}}, 3: {"dropout": 0.1}}
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class ModelConfig:
     depth: int = 4
     heads: int = 4
     ff_mult: int = 4
-    dropout: float = 0.1
+    dropout: float = 0.0            # none by default: docs/speedrun.md
     causal: bool = False
     position: str = "rotary"        # rotary (any length) | learned (up to max_positions)
     max_positions: int = 1024       # learned positions only: the longest input the model accepts

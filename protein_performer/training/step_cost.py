@@ -2,8 +2,8 @@
 
 Training models one after another for the same ``trainer.max_time`` gives each the speed of the
 machine during its own minutes; on a shared machine that moves a model's step count by 10-20 %
-(docs/long_proteins.md).  Here every model's training step (forward, loss, backward, clipping,
-AdamW) is timed on real batches of each crop of its length curriculum, the models taking turns
+(docs/long_proteins.md).  Here every model's training step (forward, loss, backward, clipping, the
+run's optimizer) is timed on real batches of each crop of its length curriculum, the models taking turns
 rep by rep in one process, so load changes hit all of them alike; then the budget is walked
 through the curriculum at those costs (:func:`steps_within`) and each model trains for its count.
 """
@@ -80,7 +80,7 @@ def measure_step_costs(cfgs: Mapping[str, object], reps: int = CALIBRATION_REPS,
     for name, cfg in cfgs.items():
         pl.seed_everything(int(cfg.seed), verbose=False)
         task = build_task(cfg, None).train()
-        opt = torch.optim.AdamW(task.parameters(), lr=float(cfg.optim.lr))
+        opt = task.optimizer()  # the run's own (optim.optimizer): Muon's step costs more than AdamW's
         data = hydra.utils.instantiate(cfg.data)
         data.setup("fit")
         crops = sorted({c for _, c in crop_schedule(cfg.data)})

@@ -131,12 +131,17 @@ class ProteinLM(pl.LightningModule):
             self.log("val/baseline_perplexity", m["baseline_perplexity"])
             self.log("val/baseline_accuracy", m["baseline_accuracy"])
 
-    def configure_optimizers(self):
+    def optimizer(self) -> torch.optim.Optimizer:
+        """optim.optimizer over the hidden weight matrices (weight decay) and the rest (none), at the peak rate:
+        what training steps with (the schedule aside), and what step timing (step_cost.py) should time."""
         hp = self.hparams
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             (no_decay if p.ndim < 2 or "norm" in name or "embed" in name else decay).append(p)
-        opt = build_optimizer(hp.get("optimizer", "adamw"), decay, no_decay, hp.lr, hp.betas, hp.weight_decay)
+        return build_optimizer(hp.get("optimizer", "adamw"), decay, no_decay, hp.lr, hp.betas, hp.weight_decay)
+
+    def configure_optimizers(self):
+        hp, opt = self.hparams, self.optimizer()
         total = self.trainer.estimated_stepping_batches if self.trainer else 10**9
         # a time-budgeted run (trainer.max_time, no step limit) decays along the clock instead
         timer = None if math.isfinite(total) else next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
