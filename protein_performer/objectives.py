@@ -35,6 +35,15 @@ def check_objective(objective: str) -> str:
     return objective
 
 
+def train_mask_rate(mask_prob: float, train_mask_prob: float | None) -> float:
+    """The training batches' masking rate: ``train_mask_prob``, or ``mask_prob`` when None; a rate outside
+    (0, 1] is refused (one line) rather than masking everything or nothing."""
+    rate = mask_prob if train_mask_prob is None else train_mask_prob
+    if train_mask_prob is not None and not 0 < float(train_mask_prob) <= 1:
+        raise UserError(f"objective.train_mask_prob must be in (0, 1] or null, got {train_mask_prob}")
+    return rate
+
+
 def mask_tokens(tokens: torch.Tensor, tokenizer: Tokenizer, generator: torch.Generator | None = None,
                 mask_prob: float = MASK_PROB) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT-style corruption. Each residue is selected with ``mask_prob``; a selected residue

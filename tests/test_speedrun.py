@@ -75,3 +75,22 @@ def test_render_tables_from_known_rows(tmp_path):
     assert "| 3 | old-default | (as configured) | 3 | 15.000 | 0.400 | | 19.00 | 200 | a |" in text
     assert "| 3 | dropout0 | model.dropout=0 | 3 | 14.600 | 0.200 | -0.400 | 20.00 | 300 | b |" in text
     assert "| dropout0 | model.dropout=0 | 700 | 1 | 14.100 | 0.000 | -0.300 | 20.00 | 540 (540-540) | 0.90 | c |" in text
+
+
+def test_bad_training_mask_rate_is_one_line(fasta):
+    from protein_performer.errors import UserError
+    for bad in (0, 1.5):
+        with pytest.raises(UserError, match=r"^objective.train_mask_prob must be in \(0, 1\] or null, got"):
+            ProteinDataModule(str(fasta), train_mask_prob=bad)
+
+
+def test_keep_refuses_a_run_folder_that_exists(tmp_path, capsys):
+    """--keep never merges a run into a folder that is there (a user's files would be overwritten): exit 2
+    before any training, the folder untouched."""
+    (tmp_path / "dropout0-seed0").mkdir()
+    (tmp_path / "dropout0-seed0" / "mine.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as e:
+        speedrun.main(["run", "--recipe", "dropout0", "--seeds", "0", "--keep", str(tmp_path), "--raw",
+                       str(tmp_path / "raw.jsonl")])
+    assert e.value.code == 2 and "exists" in capsys.readouterr().err
+    assert (tmp_path / "dropout0-seed0" / "mine.txt").read_text() == "keep me" and not (tmp_path / "raw.jsonl").exists()

@@ -111,7 +111,7 @@ def run_one(recipe: str, seed: int, minutes: float | None, extra: list[str], ste
             with open(path) as f:
                 done = max([done] + [int(row["step"]) + 1 for row in csv.DictReader(f) if row.get("step")])
         if keep is not None:
-            shutil.copytree(Path(tmp, "run"), keep / f"{recipe}-seed{seed}", dirs_exist_ok=True)
+            shutil.copytree(Path(tmp, "run"), keep / f"{recipe}-seed{seed}")
     rec = {"recipe": recipe, "overrides": overrides, "seed": seed, "minutes": minutes,
            "commit": commit, "perplexity": float(m[1]),
            "accuracy": float(m[2]) / 100, "steps": done if steps is None else steps, "wall_s": round(wall, 1)}
@@ -198,6 +198,11 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.cmd == "run":
         overrides_of(a.recipe)  # an unknown name stops here, before any run
+        if a.keep is not None:  # never into a run folder that is there already (it would be merged over)
+            taken = [a.keep / f"{a.recipe}-seed{s}" for s in a.seeds.split(",") if (a.keep / f"{a.recipe}-seed{s}").exists()]
+            if taken:
+                print(f"speedrun: --keep: {taken[0]} exists; give another --keep folder", file=sys.stderr)
+                raise SystemExit(2)
         a.raw.parent.mkdir(parents=True, exist_ok=True)
         for seed in (int(s) for s in a.seeds.split(",")):
             rec = run_one(a.recipe, seed, None if a.steps else a.minutes, a.extra, a.steps, a.keep)

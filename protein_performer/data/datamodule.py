@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..formats import check_source
-from ..objectives import MASK_PROB
+from ..objectives import MASK_PROB, train_mask_rate
 from ..sequences import read_sequences, skipped_text
 from ..tokenizer import Tokenizer
 from .buckets import bucketed, check_buckets, log_buckets, log_padding
@@ -64,7 +64,7 @@ class ProteinDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.valid_fraction, self.test_fraction = valid_fraction, test_fraction
         self.num_workers, self.seed = num_workers, seed
         self.mask_prob, self.on_invalid, self.max_records = mask_prob, on_invalid, max_records
-        self.train_mask_prob = mask_prob if train_mask_prob is None else train_mask_prob  # validation keeps mask_prob
+        self.train_mask_prob = train_mask_rate(mask_prob, train_mask_prob)  # validation keeps mask_prob
         if max_tokens is not None and max_tokens < 1:
             raise UserError(f"data.max_tokens must be positive or null, got {max_tokens}")
         schedule = check_crop_schedule(crop_schedule)

@@ -20,7 +20,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..objectives import MASK_PROB
+from ..objectives import MASK_PROB, train_mask_rate
 from ..tokenizer import Tokenizer
 from .buckets import check_buckets, log_buckets, log_padding
 from .collate import Collator
@@ -98,7 +98,7 @@ class ShardDataModule(CountsTrainingBatches, pl.LightningDataModule):
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
         self.format, self.mode, self.max_len, self.concat_len = format, mode, max_len, concat_len
         self.max_tokens, self.objective, self.mask_prob = max_tokens, objective, mask_prob
-        self.train_mask_prob = mask_prob if train_mask_prob is None else train_mask_prob  # validation keeps mask_prob
+        self.train_mask_prob = train_mask_rate(mask_prob, train_mask_prob)  # validation keeps mask_prob
         self.prep_kw = dict(valid_fraction=valid_fraction, test_fraction=test_fraction, unknown=unknown,
                             on_invalid=on_invalid, dedup=dedup, workers=prepare_workers, progress=progress)
         self.num_workers, self.seed, self.pool_size = num_workers, seed, pool_size
